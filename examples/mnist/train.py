@@ -1,0 +1,142 @@
+"""Distributed MNIST with macfleet: a small CNN, data parallel over every rank of the job.
+
+    python examples/mnist/train.py --epochs 1                          # one process
+    macfleet launch --nproc 2 examples/mnist/train.py --epochs 1       # two processes, one Mac
+    macfleet launch --hosts mac1:2,mac2:2 examples/mnist/train.py      # four processes, two Macs
+
+Data: ``--data-url DIR`` with the four MNIST IDX files (raw or .gz); ``--download`` fetches
+them into DIR first. Without them the example trains on generated digits, so it runs offline.
+``--train-url DIR`` receives the final checkpoint and ``metrics.json``.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import macfleet
+from data import download, load_idx_dir, synthetic_digits
+
+# -----------------------------------------------------------------------------
+# config
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+parser.add_argument("--data-url", default=None, help="directory holding (or receiving) the MNIST IDX files")
+parser.add_argument("--download", action="store_true", help="fetch MNIST into --data-url if missing")
+parser.add_argument("--train-url", default=None, help="directory for the final checkpoint and metrics.json")
+parser.add_argument("--batch-size", type=int, default=64, help="per process; the global batch is this x ranks")
+parser.add_argument("--epochs", type=int, default=15)
+parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
+parser.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
+parser.add_argument("--device", default=None, help="auto, mps, cuda or cpu (default: the launcher's choice)")
+args = parser.parse_args()
+
+# -----------------------------------------------------------------------------
+# distributed setup: with plain `python` this is a job of one
+macfleet.init(device=args.device)
+rank, world = macfleet.rank(), macfleet.world_size()
+master = rank == 0  # rank 0 prints and writes files
+device = macfleet.device()
+torch.manual_seed(args.seed)  # the same initial model everywhere (DataParallel also broadcasts rank 0's)
+
+
+def log(*parts):
+    if master:
+        print(*parts, flush=True)
+
+
+# -----------------------------------------------------------------------------
+# data: every rank loads the same set; the sampler gives each its own shard
+if args.data_url and args.download and macfleet.local_rank() == 0:
+    download(args.data_url)
+macfleet.barrier()  # nobody reads the files before they are complete
+mnist = load_idx_dir(args.data_url) if args.data_url else None
+if mnist is not None:
+    (x_train, y_train), (x_test, y_test) = mnist
+    log(f"data: MNIST from {args.data_url} ({len(x_train)} train, {len(x_test)} test)")
+else:
+    x_train, y_train = synthetic_digits(12_000, seed=1)
+    x_test, y_test = synthetic_digits(2_000, seed=2)
+    log(f"data: no MNIST files{' in ' + args.data_url if args.data_url else ''}; "
+        f"using generated digits ({len(x_train)} train, {len(x_test)} test)")
+train_set = torch.utils.data.TensorDataset(x_train, y_train)
+sampler = macfleet.DistributedSampler(train_set, shuffle=True, seed=args.seed)
+# num_workers=0: macOS DataLoader workers are spawned processes, and this data is in memory anyway
+loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+
+
+# -----------------------------------------------------------------------------
+# model
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3)
+        self.conv2 = nn.Conv2d(16, 32, 3)
+        self.fc1 = nn.Linear(32 * 5 * 5, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+model = macfleet.DataParallel(Net().to(device))  # gradients are averaged over all ranks in backward()
+optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+
+
+def evaluate():
+    """Test accuracy over the whole test set, each rank scoring its share.
+
+    Every rank must take part: the all_reduce below is a collective, and a rank that skipped
+    it would leave the others waiting for it.
+    """
+    model.eval()
+    correct = torch.zeros(2)
+    with torch.no_grad():
+        for i in range(rank * 500, len(x_test), world * 500):
+            logits = model(x_test[i:i + 500].to(device))
+            correct += torch.tensor([(logits.argmax(1).cpu() == y_test[i:i + 500]).sum().item(), len(logits)])
+    macfleet.all_reduce(correct)
+    model.train()
+    return (correct[0] / correct[1]).item()
+
+
+# -----------------------------------------------------------------------------
+# training loop
+log(f"training on {world} process{'es' if world > 1 else ''}, device {device}, "
+    f"global batch {args.batch_size * world}")
+history = []
+for epoch in range(args.epochs):
+    sampler.set_epoch(epoch)  # same shuffle on every rank, different shard
+    started, total_loss, steps = time.perf_counter(), torch.zeros(()), 0
+    for x, y in loader:
+        loss = F.cross_entropy(model(x.to(device)), y.to(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total_loss += loss.detach().cpu()  # no .item() here: on MPS every .item() drains the GPU queue
+        steps += 1
+    seconds = time.perf_counter() - started
+    mean_loss = macfleet.all_reduce(total_loss / max(steps, 1), "avg").item()
+    accuracy = evaluate()
+    samples_per_s = steps * args.batch_size * world / seconds
+    history.append({"epoch": epoch + 1, "loss": mean_loss, "test_accuracy": accuracy,
+                    "samples_per_s": samples_per_s, "seconds": seconds})
+    log(f"epoch {epoch + 1}/{args.epochs}: loss {mean_loss:.4f}, test accuracy {accuracy:.4f}, "
+        f"{samples_per_s:,.0f} samples/s ({seconds:.1f} s)")
+
+# -----------------------------------------------------------------------------
+# results
+if master and args.train_url:
+    os.makedirs(args.train_url, exist_ok=True)
+    torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "args": vars(args)},
+               os.path.join(args.train_url, "model.pt"))
+    with open(os.path.join(args.train_url, "metrics.json"), "w") as f:
+        json.dump({"world_size": world, "epochs": history, "final_test_accuracy": history[-1]["test_accuracy"]
+                   if history else None}, f, indent=2)
+    log(f"wrote {args.train_url}/model.pt and metrics.json")
+macfleet.shutdown()

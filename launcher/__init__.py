@@ -1,0 +1,1 @@
+"""The ``macfleet`` command: ``macfleet launch`` and the job coordinator."""

@@ -1,0 +1,181 @@
+"""The coordinator: the job's control plane, a ROUTER socket in the launcher process.
+
+It owns rendezvous (hello from every agent, then start; register from every rank, then the
+peer table), liveness (heartbeats from agents and ranks), the record of every rank's exit,
+and the abort broadcast. It never blocks: the launcher calls ``poll`` in its loop.
+Anything unauthenticated, malformed, replayed or from another job is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from macfleet import protocol, wire
+from macfleet.protocol import WorkerExit
+
+
+@dataclass
+class Failure:
+    """Why the job is going down: a rank's exit, or something the coordinator noticed itself."""
+
+    time: float
+    reason: str
+    rank: int | None = None
+    exit: WorkerExit | None = None
+
+
+@dataclass
+class Peer:
+    identity: bytes
+    last_seq: int = -1
+    last_seen: float = field(default_factory=time.monotonic)
+    watched: bool = True  # heartbeats expected
+
+
+class Coordinator:
+    def __init__(self, ctx: zmq.Context, bind_addr: str, secret: bytes, job_id: str, world_size: int,
+                 num_agents: int, heartbeat_timeout_s: float = 10.0) -> None:
+        self.secret, self.job_id = secret, job_id
+        self.world_size, self.num_agents = world_size, num_agents
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.socket = ctx.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, protocol.CONTROL_MAX_BYTES)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(f"tcp://{bind_addr}:*")
+        self.endpoint: str = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.peers: dict[str, Peer] = {}  # "agent-3", "rank-7"
+        self.hellos: dict[int, dict[str, Any]] = {}
+        self.registered: dict[int, dict[str, str]] = {}
+        self.exits: dict[int, WorkerExit] = {}
+        self.agents_done: set[int] = set()
+        self.failures: list[Failure] = []
+        self.dropped = 0
+        self.started = False
+        self.aborted: str | None = None
+        self._seq = 0
+
+    # -- the loop ---------------------------------------------------------------------------
+    def poll(self, timeout_s: float) -> None:
+        """Handle every message that arrives within ``timeout_s``, then check heartbeats."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.socket.poll(int(left * 1000) + 1, zmq.POLLIN):
+                break
+            frames = self.socket.recv_multipart()
+            try:
+                self._handle(frames)
+            except wire.BadMessage:
+                self.dropped += 1
+        self._check_heartbeats()
+
+    def _handle(self, frames: list[bytes]) -> None:
+        if len(frames) != 3:
+            raise wire.BadMessage("wrong frame count")
+        identity, mac, header = frames
+        msg = wire.unpack(self.secret, mac, header)
+        sender, seq, kind = msg.get("from"), msg.get("seq"), msg.get("kind")
+        if msg.get("job") != self.job_id or not isinstance(sender, str) or not isinstance(seq, int):
+            raise wire.BadMessage("other job or missing fields")
+        peer = self.peers.get(sender)
+        if peer is None:
+            peer = self.peers[sender] = Peer(identity)
+        elif peer.identity != identity:
+            peer.identity = identity  # a reconnect gets a new identity; the mac vouches for the sender
+        if seq <= peer.last_seq:
+            raise wire.BadMessage("replayed")
+        peer.last_seq, peer.last_seen = seq, time.monotonic()
+        handler = {
+            protocol.HELLO: self._on_hello,
+            protocol.REGISTER: self._on_register,
+            protocol.EXIT: self._on_exit,
+            protocol.DONE: self._on_done,
+            protocol.BYE: lambda m, p: setattr(p, "watched", False),
+            protocol.BEAT: lambda m, p: None,
+        }.get(kind)
+        if handler is None:
+            raise wire.BadMessage(f"unknown kind {kind!r}")
+        handler(msg, peer)
+
+    def _on_hello(self, msg: dict[str, Any], peer: Peer) -> None:
+        index = msg.get("host_index")
+        if not isinstance(index, int) or not 0 <= index < self.num_agents:
+            raise wire.BadMessage("bad host index")
+        self.hellos[index] = msg
+
+    def start_agents(self, master_addr: str) -> None:
+        """Tell every agent to spawn its ranks (the launcher calls this once all said hello)."""
+        master_port = self.hellos[0].get("master_port", 29500)
+        for index in range(self.num_agents):
+            self.send(f"agent-{index}", protocol.START, master_addr=master_addr, master_port=master_port)
+        self.started = True
+
+    def _on_register(self, msg: dict[str, Any], peer: Peer) -> None:
+        rank, endpoints = msg.get("rank"), msg.get("endpoints")
+        if not isinstance(rank, int) or not 0 <= rank < self.world_size or not isinstance(endpoints, dict):
+            raise wire.BadMessage("bad registration")
+        self.registered[rank] = {str(k): str(v) for k, v in endpoints.items()}
+        if len(self.registered) == self.world_size:
+            table = [[r, eps] for r, eps in sorted(self.registered.items())]
+            for r in range(self.world_size):
+                self.send(f"rank-{r}", protocol.PEERS, table=table)
+
+    def _on_exit(self, msg: dict[str, Any], peer: Peer) -> None:
+        exit_ = WorkerExit.from_fields(msg)
+        self.exits[exit_.rank] = exit_
+        self.peers.setdefault(f"rank-{exit_.rank}", Peer(b"")).watched = False
+        if exit_.code != 0:
+            what = f"signal {exit_.signal}" if exit_.signal else f"exit code {exit_.code}"
+            self.fail(Failure(exit_.time, f"rank {exit_.rank} ({exit_.host}) failed with {what}", exit_.rank, exit_))
+
+    def _on_done(self, msg: dict[str, Any], peer: Peer) -> None:
+        index = msg.get("host_index")
+        if isinstance(index, int):
+            self.agents_done.add(index)
+        peer.watched = False
+
+    def _check_heartbeats(self) -> None:
+        now = time.monotonic()
+        for name, peer in self.peers.items():
+            if peer.watched and now - peer.last_seen > self.heartbeat_timeout_s:
+                peer.watched = False
+                rank = int(name.split("-")[1]) if name.startswith("rank-") else None
+                self.fail(Failure(time.time(), f"{name} sent no heartbeat for {self.heartbeat_timeout_s:.0f} s "
+                                               f"(process hung, host down or network cut)", rank))
+
+    # -- going down -------------------------------------------------------------------------
+    def fail(self, failure: Failure) -> None:
+        """Record a failure; the first one aborts the job."""
+        self.failures.append(failure)
+        if self.aborted is None:
+            self.abort(failure.reason, failure.rank)
+
+    def abort(self, reason: str, rank: int | None = None) -> None:
+        if self.aborted is not None:
+            return
+        self.aborted = reason
+        for name in list(self.peers):
+            self.send(name, protocol.ABORT, reason=reason, rank=rank)
+
+    def send(self, name: str, kind: str, **fields: Any) -> None:
+        peer = self.peers.get(name)
+        if peer is None or not peer.identity:
+            return
+        self._seq += 1
+        mac, header = wire.pack(self.secret, {"job": self.job_id, "kind": kind, "from": "coordinator",
+                                              "seq": self._seq, **fields})
+        try:
+            self.socket.send_multipart([peer.identity, mac, header], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # that peer is gone (EHOSTUNREACH) or saturated; it is being handled as lost
+
+    def root_cause(self) -> Failure | None:
+        return min(self.failures, key=lambda f: f.time) if self.failures else None
+
+    def close(self) -> None:
+        self.socket.close(linger=0)

@@ -1,0 +1,94 @@
+"""Host lists: ``--hosts a:2,b:2,user@c`` and hostfiles in the Horovod/DeepSpeed/OpenMPI format.
+
+Hostfile example (``#`` starts a comment, blank lines are ignored)::
+
+    # ssh name      slots     data-plane address (optional; e.g. a Thunderbolt bridge IP)
+    mini1.local     slots=2   addr=169.254.10.2
+    alice@mini2     slots=1
+
+Parsers raise ``ValueError`` with a message naming the bad entry; the CLI turns it into a
+one-line usage error.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+_NAME = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])$")
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str          # what ssh is given (or "localhost")
+    slots: int         # training processes on this host
+    user: str | None = None
+    addr: str | None = None  # data-plane address, when the ssh name is not the one to train over
+
+    @property
+    def is_local(self) -> bool:
+        return self.name in LOCAL_NAMES and self.user is None
+
+    @property
+    def ssh_target(self) -> str:
+        return f"{self.user}@{self.name}" if self.user else self.name
+
+
+def _host(text: str, slots: int, addr: str | None, where: str) -> Host:
+    m = _NAME.match(text)
+    if not m:
+        raise ValueError(f"{where}: {text!r} is not a host name (expected [user@]host)")
+    if slots < 1:
+        raise ValueError(f"{where}: slots must be at least 1, not {slots}")
+    return Host(name=m["host"].strip("[]"), slots=slots, user=m["user"], addr=addr)
+
+
+def parse_hosts(text: str, default_slots: int = 1) -> list[Host]:
+    """``a:2,b:2,user@c`` -> hosts in order; slots default to ``default_slots``."""
+    hosts = []
+    for i, entry in enumerate(p.strip() for p in text.split(",")):
+        where = f"--hosts entry {i + 1}"
+        if not entry:
+            raise ValueError(f"{where} is empty")
+        name, sep, slots = entry.rpartition(":") if not entry.endswith("]") else ("", "", "")
+        if not sep or "]" in slots:
+            name, slots = entry, ""
+        if slots and not slots.isdigit():
+            raise ValueError(f"{where}: slots {slots!r} in {entry!r} is not a whole number")
+        hosts.append(_host(name, int(slots) if slots else default_slots, None, where))
+    _check_unique(hosts)
+    return hosts
+
+
+def parse_hostfile(path: str, default_slots: int = 1) -> list[Host]:
+    hosts = []
+    with open(path) as f:
+        for number, raw in enumerate(f, 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            where = f"{path}:{number}"
+            name, *options = line.split()
+            slots, addr = default_slots, None
+            for option in options:
+                key, sep, value = option.partition("=")
+                if key == "slots" and sep and value.isdigit():
+                    slots = int(value)
+                elif key == "addr" and sep and value:
+                    addr = value
+                else:
+                    raise ValueError(f"{where}: cannot read {option!r} (expected slots=N or addr=IP)")
+            hosts.append(_host(name, slots, addr, where))
+    if not hosts:
+        raise ValueError(f"{path}: no hosts")
+    _check_unique(hosts)
+    return hosts
+
+
+def _check_unique(hosts: list[Host]) -> None:
+    seen: set[str] = set()
+    for h in hosts:
+        if h.ssh_target in seen:
+            raise ValueError(f"host {h.ssh_target} is listed twice; give it more slots instead")
+        seen.add(h.ssh_target)

@@ -1,0 +1,67 @@
+"""macfleet: train one PyTorch model on several Macs (or processes) at once.
+
+    import macfleet
+    macfleet.init()
+    model = macfleet.DataParallel(model.to(macfleet.device()))
+    ...loss.backward()   # gradients are averaged over every rank here
+    optimizer.step()
+
+Run with ``macfleet launch --nproc 2 train.py`` (one Mac) or ``--hosts a:2,b:2`` (several);
+with plain ``python train.py`` the job has one rank.
+
+The torch-dependent names load on first use, so the launcher and the agents (which only need
+the protocol) start without importing torch.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from macfleet.errors import (
+    CollectiveTimeout,
+    ConfigError,
+    JobAborted,
+    MacfleetError,
+    PeerLost,
+    ProtocolError,
+    RendezvousError,
+)
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "init": "macfleet.runtime",
+    "shutdown": "macfleet.runtime",
+    "rank": "macfleet.runtime",
+    "world_size": "macfleet.runtime",
+    "local_rank": "macfleet.runtime",
+    "device": "macfleet.runtime",
+    "all_reduce": "macfleet.runtime",
+    "broadcast": "macfleet.runtime",
+    "all_gather": "macfleet.runtime",
+    "barrier": "macfleet.runtime",
+    "DataParallel": "macfleet.parallel",
+    "DistributedSampler": "macfleet.sampler",
+}
+
+if TYPE_CHECKING:
+    from macfleet.parallel import DataParallel
+    from macfleet.runtime import (all_gather, all_reduce, barrier, broadcast, device, init, local_rank, rank,
+                                  shutdown, world_size)
+    from macfleet.sampler import DistributedSampler
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'macfleet' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "CollectiveTimeout", "ConfigError", "JobAborted", "MacfleetError", "PeerLost", "ProtocolError",
+    "RendezvousError", "__version__", *_LAZY,
+]

@@ -1,0 +1,192 @@
+"""Device backends: the small interface the rest of macfleet uses to touch a GPU.
+
+One implementation per kind (``cpu``, ``cuda``, ``mps``), chosen per process. Everything a
+trainer needs from the device goes through here: the torch device, the memory share, seeding
+and RNG state, events recorded on the device and waited for on the host, and blocking copies
+between device tensors and reusable host buffers.
+
+The MPS implementation follows shared/reference/mps-facts.md: no float64, no pinned memory,
+blocking copies only, events always recorded before they are synchronized, and every
+``torch.mps`` feature looked up rather than assumed from a version number. The CUDA
+implementation runs the same code path on the device machine, which is how the MPS path is
+exercised without a Mac.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Protocol
+
+import torch
+
+from macfleet.errors import ConfigError
+
+
+class HostEvent(Protocol):
+    """A point in the device's work queue that the host can wait for."""
+
+    def synchronize(self) -> None: ...
+
+
+class _Done:
+    """CPU work is finished when the Python call returns; nothing to wait for."""
+
+    def synchronize(self) -> None:
+        return None
+
+
+class Device:
+    """CPU backend, and the base of the GPU ones."""
+
+    kind = "cpu"
+    unsupported_dtypes: frozenset[torch.dtype] = frozenset()
+
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def apply_memory_fraction(self, fraction: float | None) -> None:
+        return None  # host memory is not partitioned
+
+    def seed(self, seed: int) -> None:
+        # torch.manual_seed seeds the CPU generator and every device generator (CUDA and MPS).
+        torch.manual_seed(seed)
+        random.seed(seed)
+
+    def rng_state(self) -> dict[str, Any]:
+        return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        random.setstate(state["python"])
+
+    def record_event(self) -> HostEvent:
+        return _Done()
+
+    def synchronize(self) -> None:
+        return None
+
+    def check_dtype(self, tensor: torch.Tensor, name: str) -> None:
+        if tensor.dtype in self.unsupported_dtypes:
+            raise ConfigError(
+                f"{name} is {tensor.dtype}, which {self.kind} does not support; use torch.float32 instead"
+            )
+
+    def memory(self) -> dict[str, int]:
+        return {}
+
+
+class CudaDevice(Device):
+    kind = "cuda"
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cuda", self.index)
+
+    def apply_memory_fraction(self, fraction: float | None) -> None:
+        torch.cuda.set_device(self.index)
+        if fraction:
+            torch.cuda.set_per_process_memory_fraction(float(fraction), self.index)
+
+    def rng_state(self) -> dict[str, Any]:
+        return {**super().rng_state(), "device": torch.cuda.get_rng_state(self.index)}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        super().set_rng_state(state)
+        if "device" in state:
+            torch.cuda.set_rng_state(state["device"], self.index)
+
+    def record_event(self) -> HostEvent:
+        event = torch.cuda.Event()
+        event.record()  # always record before anyone synchronizes (an unrecorded event never blocks)
+        return event
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.index)
+
+    def memory(self) -> dict[str, int]:
+        return {"allocated": torch.cuda.memory_allocated(self.index), "reserved": torch.cuda.memory_reserved(self.index)}
+
+
+class MpsDevice(Device):
+    kind = "mps"
+    # Metal has no float64 (mps-facts.md section 4): refuse it by name rather than fail deep in torch.
+    unsupported_dtypes = frozenset({torch.float64, torch.complex128})
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("mps")
+
+    def apply_memory_fraction(self, fraction: float | None) -> None:
+        # The agent already set PYTORCH_MPS_{HIGH,LOW}_WATERMARK_RATIO before torch was imported;
+        # this call makes the cap exact for processes started without the agent.
+        setter = getattr(torch.mps, "set_per_process_memory_fraction", None)
+        if fraction and setter is not None:
+            setter(float(fraction))
+
+    def rng_state(self) -> dict[str, Any]:
+        state = super().rng_state()
+        getter = getattr(torch.mps, "get_rng_state", None)
+        if getter is not None:
+            state["device"] = getter()
+        return state
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        super().set_rng_state(state)
+        setter = getattr(torch.mps, "set_rng_state", None)
+        if setter is not None and "device" in state:
+            setter(state["device"])
+
+    def record_event(self) -> HostEvent:
+        event_cls = getattr(getattr(torch.mps, "event", None), "Event", None) or getattr(torch.mps, "Event", None)
+        if event_cls is None:  # torch < 2.1: a full device sync is the only host-side wait
+            torch.mps.synchronize()
+            return _Done()
+        event = event_cls()
+        event.record()
+        return event
+
+    def synchronize(self) -> None:
+        torch.mps.synchronize()
+
+    def memory(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name in ("current_allocated_memory", "driver_allocated_memory", "recommended_max_memory"):
+            fn = getattr(torch.mps, name, None)
+            if fn is not None:
+                out[name] = int(fn())
+        return out
+
+
+def mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+def select(kind: str, local_rank: int = 0) -> Device:
+    """The backend for ``kind`` (``auto``: mps, then cuda, then cpu) for this process."""
+    if kind == "auto":
+        kind = "mps" if mps_available() else "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "mps":
+        if not mps_available():
+            raise ConfigError("--device mps asked for, but this machine has no usable MPS device")
+        return MpsDevice()
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda asked for, but torch sees no CUDA device")
+        return CudaDevice(local_rank % torch.cuda.device_count())
+    if kind == "cpu":
+        return Device()
+    raise ConfigError(f"unknown device {kind!r}: choose auto, mps, cuda or cpu")
+
+
+def check_tensor(tensor: torch.Tensor, name: str) -> None:
+    """Refuse a dtype the tensor's own device cannot hold (float64 on MPS), naming the tensor."""
+    if tensor.device.type == "mps" and tensor.dtype in MpsDevice.unsupported_dtypes:
+        raise ConfigError(
+            f"{name} is {tensor.dtype} on mps, and Metal has no 64-bit floats; "
+            f"cast it on the CPU first (tensor.float()) and keep float32/bfloat16/float16 on MPS"
+        )

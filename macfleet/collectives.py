@@ -1,0 +1,296 @@
+"""Collectives over the ring: all_reduce, broadcast, all_gather, barrier.
+
+Data always goes through reusable host buffers (a device tensor's memory is not host memory,
+and half precision is reduced in float32 on the host). The all-reduce is the classic ring:
+reduce-scatter then all-gather over N segments, each segment cut into chunks so that the
+reduction of one chunk overlaps the transfer of the next, and large tensors are split into
+parts that run concurrently on separate channels (both ring directions, and ``streams``
+socket pairs per direction). Small tensors take a latency path: every rank passes its whole
+tensor round the ring (N-1 steps instead of 2(N-1)) and reduces locally in rank order.
+
+Results are identical on every rank: each element is reduced once, by one rank, in a fixed
+order, then copied to the others.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import torch
+import zmq
+
+from macfleet.backends import check_tensor
+from macfleet.errors import CollectiveTimeout, ConfigError
+from macfleet.transport import Channel, Ring
+
+REDUCE_OPS = ("sum", "avg", "max", "min")
+SUPPORTED = frozenset({
+    torch.float32, torch.float16, torch.bfloat16, torch.float64,
+    torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+})
+# Half precision is reduced in float32 on the host (DESIGN.md section 4).
+WORK_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+Reducer = Callable[[torch.Tensor, torch.Tensor], object]
+REDUCERS: dict[str, Reducer] = {
+    "sum": lambda acc, x: acc.add_(x),
+    "avg": lambda acc, x: acc.add_(x),
+    "max": lambda acc, x: torch.maximum(acc, x, out=acc),
+    "min": lambda acc, x: torch.minimum(acc, x, out=acc),
+}
+
+
+class HostBuffers:
+    """Named host buffers that grow and are reused, so the steady state allocates nothing big."""
+
+    def __init__(self) -> None:
+        self._raw: dict[str, bytearray] = {}
+
+    def get(self, name: str, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, memoryview]:
+        nbytes = numel * dtype.itemsize
+        raw = self._raw.get(name)
+        if raw is None or len(raw) < nbytes:
+            raw = self._raw[name] = bytearray(max(nbytes, 64))
+        view = memoryview(raw)[:nbytes]
+        tensor = torch.frombuffer(raw, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
+        return tensor, view
+
+
+class Collectives:
+    def __init__(self, ring: Ring, chunk_bytes: int = 4 << 20, small_bytes: int = 64 << 10,
+                 min_part_bytes: int = 256 << 10) -> None:
+        self.ring = ring
+        self.rank, self.world = ring.rank, ring.world
+        self.chunk_bytes = chunk_bytes
+        self.small_bytes = small_bytes
+        self.min_part_bytes = min_part_bytes
+        self.ops_done = 0  # progress counter, read by the heartbeat
+        self._op = 0
+        self._lock = threading.Lock()  # collectives are issued one at a time, in the same order everywhere
+        extra = len(ring.channels) - 1
+        self._pool = ThreadPoolExecutor(extra, thread_name_prefix="macfleet-ring") if extra else None
+        self._host = HostBuffers()
+
+    # -- public collectives -----------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", name: str = "tensor") -> torch.Tensor:
+        self._check(tensor, name)
+        if op not in REDUCE_OPS:
+            raise ConfigError(f"all_reduce op {op!r}: choose one of {', '.join(REDUCE_OPS)}")
+        if op == "avg" and not tensor.dtype.is_floating_point:
+            raise ConfigError(f"all_reduce op 'avg' needs a floating-point tensor; {name} is {tensor.dtype}")
+        work_dtype = WORK_DTYPE.get(tensor.dtype, tensor.dtype)
+        numel = tensor.numel()
+        with self._lock:
+            op_id = self._next_op()
+            if numel == 0:
+                return tensor
+            work, raw = self._host.get("reduce", numel, work_dtype)
+            work.copy_(tensor.reshape(-1))  # blocking device->host copy (and upcast), see mps-facts.md
+            meta = {"c": "all_reduce", "numel": numel, "dtype": str(tensor.dtype), "rop": op}
+            reducer = REDUCERS[op]
+            if numel * work.element_size() <= self.small_bytes:
+                self._reduce_small(op_id, work, reducer, meta)
+            else:
+                self._reduce_ring(op_id, work, raw, reducer, meta)
+            if op == "avg":
+                work.div_(self.world)
+            tensor.copy_(work.view(tensor.shape))
+            self.ops_done += 1
+        return tensor
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch.Tensor:
+        self._check(tensor, name)
+        if not 0 <= src < self.world:
+            raise ConfigError(f"broadcast src={src} is not a rank of this job (world size {self.world})")
+        with self._lock:
+            op_id = self._next_op()
+            if tensor.numel() == 0:
+                return tensor
+            work, raw = self._host.get("broadcast", tensor.numel(), tensor.dtype)
+            if self.rank == src:
+                work.copy_(tensor.reshape(-1))
+            ch = self.ring.channels[0]  # clockwise: position == rank
+            ch.begin(op_id)
+            meta = {"c": "broadcast", "numel": tensor.numel(), "dtype": str(tensor.dtype), "root": src}
+            trackers = _Trackers(ch)
+            last = (src - 1) % self.world  # the rank that does not pass it on
+            for a, b in _chunks(0, tensor.numel(), self._chunk_elems(work)):
+                piece = raw[a * work.element_size(): b * work.element_size()]
+                if self.rank != src:
+                    ch.recv_header(len(piece), meta)
+                    ch.recv_into(piece)
+                if self.rank != last:
+                    trackers.add(a, ch.send(piece, meta))
+            trackers.wait_all()
+            if self.rank != src:
+                tensor.copy_(work.view(tensor.shape))
+            self.ops_done += 1
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+        """Every rank's tensor, stacked: a new tensor of shape ``(world, *tensor.shape)``."""
+        self._check(tensor, name)
+        out = torch.empty((self.world, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+        with self._lock:
+            op_id = self._next_op()
+            if tensor.numel() == 0:
+                return out
+            blocks, raw = self._host.get("gather", self.world * tensor.numel(), tensor.dtype)
+            blocks = blocks.view(self.world, -1)
+            blocks[self.rank].copy_(tensor.reshape(-1))
+            meta = {"c": "all_gather", "numel": tensor.numel(), "dtype": str(tensor.dtype)}
+            self._gather_ring(op_id, blocks, raw, meta)
+            out.copy_(blocks.view(out.shape))
+            self.ops_done += 1
+        return out
+
+    def barrier(self) -> None:
+        self.all_reduce(torch.zeros(1, dtype=torch.int32), "sum", name="barrier")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- algorithms -------------------------------------------------------------------------
+    def _reduce_small(self, op_id: int, work: torch.Tensor, reducer: Reducer, meta: dict) -> None:
+        numel = work.numel()
+        blocks, raw = self._host.get("small", self.world * numel, work.dtype)
+        blocks = blocks.view(self.world, numel)
+        blocks[self.rank].copy_(work)
+        self._gather_ring(op_id, blocks, raw, meta)
+        work.copy_(blocks[0])
+        for k in range(1, self.world):  # rank order, so every rank computes the same bits
+            reducer(work, blocks[k])
+
+    def _gather_ring(self, op_id: int, blocks: torch.Tensor, raw: memoryview, meta: dict) -> None:
+        """Pass every rank's block round the clockwise ring until all ranks have all blocks."""
+        ch = self.ring.channels[0]
+        ch.begin(op_id)
+        n, size = self.world, blocks.element_size()
+        per = blocks.shape[1]
+        step = self._chunk_elems(blocks)
+        trackers = _Trackers(ch)
+        for a, b in _chunks(self.rank * per, (self.rank + 1) * per, step):
+            trackers.add(a, ch.send(raw[a * size: b * size], meta))
+        for s in range(n - 1):
+            k = (self.rank - s - 1) % n
+            for a, b in _chunks(k * per, (k + 1) * per, step):
+                piece = raw[a * size: b * size]
+                ch.recv_header(len(piece), meta)
+                ch.recv_into(piece)
+                if s < n - 2:
+                    trackers.add(a, ch.send(piece, meta))
+        trackers.wait_all()
+
+    def _reduce_ring(self, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer, meta: dict) -> None:
+        numel, size = work.numel(), work.element_size()
+        parts = max(1, min(len(self.ring.channels), numel * size // (self.world * self.min_part_bytes)))
+        bounds = _split(numel, parts)
+        jobs = []
+        for p in range(1, parts):
+            a, b = bounds[p]
+            jobs.append(self._pool.submit(  # type: ignore[union-attr]
+                self._reduce_part, self.ring.channels[p], op_id, work[a:b], raw[a * size: b * size], reducer, meta))
+        a, b = bounds[0]
+        try:
+            self._reduce_part(self.ring.channels[0], op_id, work[a:b], raw[a * size: b * size], reducer, meta)
+        finally:
+            for job in jobs:
+                job.result()
+
+    def _reduce_part(self, ch: Channel, op_id: int, x: torch.Tensor, raw: memoryview, reducer: Reducer,
+                     meta: dict) -> None:
+        """Reduce-scatter then all-gather of ``x`` on one channel, chunk by chunk."""
+        n, i, size = self.world, ch.position, x.element_size()
+        segments = _split(x.numel(), n)
+        step = self._chunk_elems(x)
+        ch.begin(op_id)
+        trackers = _Trackers(ch)
+
+        def chunks(k: int) -> list[tuple[int, int]]:
+            return _chunks(*segments[k % n], step)
+
+        for a, b in chunks(i):
+            trackers.add(a, ch.send(raw[a * size: b * size], meta))
+        # Reduce-scatter: add what the previous rank sends into our copy, pass the sum on. The
+        # last step's sums are final, so passing them on is already the first all-gather step.
+        for s in range(n - 1):
+            for a, b in chunks(i - s - 1):
+                ch.recv_header((b - a) * size, meta)
+                frame = ch.recv_frame()
+                reducer(x[a:b], torch.frombuffer(frame.buffer, dtype=x.dtype))
+                trackers.add(a, ch.send(raw[a * size: b * size], meta))
+        # All-gather: receive final segments straight into place.
+        for s in range(n - 1):
+            for a, b in chunks(i - s):
+                ch.recv_header((b - a) * size, meta)
+                trackers.wait(a)  # our own earlier send of this region must be off the buffer first
+                ch.recv_into(raw[a * size: b * size])
+                if s < n - 2:
+                    trackers.add(a, ch.send(raw[a * size: b * size], meta))
+        trackers.wait_all()
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _next_op(self) -> int:
+        self._op += 1
+        return self._op
+
+    def _chunk_elems(self, t: torch.Tensor) -> int:
+        return max(1, self.chunk_bytes // t.element_size())
+
+    def _check(self, tensor: torch.Tensor, name: str) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise ConfigError(f"{name} must be a torch.Tensor, not {type(tensor).__name__}")
+        check_tensor(tensor, name)
+        if tensor.dtype not in SUPPORTED:
+            raise ConfigError(f"{name} has dtype {tensor.dtype}, which macfleet collectives do not support")
+
+
+class _Trackers:
+    """Zero-copy sends still in flight, keyed by buffer offset."""
+
+    def __init__(self, ch: Channel) -> None:
+        self.ch = ch
+        self.pending: dict[int, zmq.MessageTracker] = {}
+
+    def add(self, key: int, tracker: zmq.MessageTracker | None) -> None:
+        if tracker is not None:
+            self.pending[key] = tracker
+
+    def wait(self, key: int) -> None:
+        tracker = self.pending.pop(key, None)
+        if tracker is not None:
+            self._wait(tracker)
+
+    def wait_all(self) -> None:
+        for tracker in self.pending.values():
+            self._wait(tracker)
+        self.pending.clear()
+
+    def _wait(self, tracker: zmq.MessageTracker) -> None:
+        deadline = time.monotonic() + self.ch.timeout_s
+        while not tracker.done:
+            try:
+                tracker.wait(0.1)
+            except zmq.NotDone:
+                self.ch.liveness.check()
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeout(f"rank {self.ch.rank}: send to rank {self.ch.next_rank} never completed")
+
+
+def _split(n: int, parts: int) -> list[tuple[int, int]]:
+    """``n`` elements in ``parts`` contiguous ranges, the first ``n % parts`` one longer."""
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for p in range(parts):
+        end = start + base + (1 if p < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def _chunks(start: int, end: int, step: int) -> list[tuple[int, int]]:
+    return [(a, min(a + step, end)) for a in range(start, end, step)]

@@ -1,0 +1,111 @@
+"""The environment contract between the agent and a training process.
+
+The agent (``macfleet.workers.agent``) builds these variables in one place and
+``WorkerEnv.from_environ`` parses them here. torchrun's names are kept so a
+torchrun script runs unchanged under ``macfleet launch``.
+
+=================================  ==========================================================
+variable                           meaning
+=================================  ==========================================================
+RANK, WORLD_SIZE                   global rank and number of processes (as torchrun)
+LOCAL_RANK, LOCAL_WORLD_SIZE       rank among, and number of, the processes on this host
+MASTER_ADDR, MASTER_PORT           a free port on rank 0's host, for scripts that use
+                                   torch.distributed themselves
+MACFLEET_COORDINATOR               control-plane endpoint, ``tcp://host:port``
+MACFLEET_JOB_ID                    job identity; every message carries it
+MACFLEET_RESTART_COUNT             restart round, 0 for the first
+MACFLEET_DEVICE                    ``auto`` (mps, then cuda, then cpu), ``mps``, ``cuda``, ``cpu``
+MACFLEET_SEED                      base seed; rank r seeds its generators with seed + r
+MACFLEET_MEMORY_FRACTION           this process's share of the GPU's memory (0 = no cap)
+MACFLEET_ERROR_FILE                where an uncaught exception is written as JSON
+MACFLEET_DATA_ADDR                 the address this host's ring sockets bind to
+MACFLEET_HOST                      this host's name in the job (for messages)
+MACFLEET_AGENT_PID                 the agent's pid: a worker whose parent is gone stops itself
+MACFLEET_JOB_SECRET                per-job HMAC key; ``macfleet.init`` removes it from
+                                   ``os.environ`` so the script's own children never see it
+PYTORCH_MPS_HIGH_WATERMARK_RATIO,  set by the agent before the child imports torch, because
+PYTORCH_MPS_LOW_WATERMARK_RATIO,   torch reads them once, at import or first MPS use
+PYTORCH_ENABLE_MPS_FALLBACK
+=================================  ==========================================================
+
+A script run with plain ``python train.py`` has none of these and gets world size 1.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from macfleet.errors import ConfigError
+
+DEVICES = ("auto", "mps", "cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    coordinator: str | None = None
+    job_id: str = "local"
+    restart_count: int = 0
+    device: str = "auto"
+    seed: int = 0
+    memory_fraction: float | None = None
+    error_file: str | None = None
+    data_addr: str = "127.0.0.1"
+    host: str = "localhost"
+    agent_pid: int | None = None
+    secret: bytes = b""
+
+    @property
+    def distributed(self) -> bool:
+        return self.coordinator is not None and self.world_size > 1
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "WorkerEnv":
+        env = os.environ if environ is None else environ
+
+        def integer(name: str, default: int) -> int:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return default
+            try:
+                return int(raw)
+            except ValueError:
+                raise ConfigError(f"{name}={raw!r} is not an integer") from None
+
+        fraction_raw = env.get("MACFLEET_MEMORY_FRACTION")
+        fraction: float | None = None
+        if fraction_raw:
+            try:
+                fraction = float(fraction_raw)
+            except ValueError:
+                raise ConfigError(f"MACFLEET_MEMORY_FRACTION={fraction_raw!r} is not a number") from None
+            if not 0.0 <= fraction <= 1.0:
+                raise ConfigError(f"MACFLEET_MEMORY_FRACTION={fraction_raw} must be within [0, 1]")
+        device = env.get("MACFLEET_DEVICE", "auto") or "auto"
+        if device not in DEVICES:
+            raise ConfigError(f"MACFLEET_DEVICE={device!r}: choose one of {', '.join(DEVICES)}")
+        parsed = cls(
+            rank=integer("RANK", 0),
+            world_size=integer("WORLD_SIZE", 1),
+            local_rank=integer("LOCAL_RANK", 0),
+            local_world_size=integer("LOCAL_WORLD_SIZE", 1),
+            coordinator=env.get("MACFLEET_COORDINATOR") or None,
+            job_id=env.get("MACFLEET_JOB_ID", "local") or "local",
+            restart_count=integer("MACFLEET_RESTART_COUNT", 0),
+            device=device,
+            seed=integer("MACFLEET_SEED", 0),
+            memory_fraction=fraction,
+            error_file=env.get("MACFLEET_ERROR_FILE") or None,
+            data_addr=env.get("MACFLEET_DATA_ADDR", "127.0.0.1") or "127.0.0.1",
+            host=env.get("MACFLEET_HOST", "localhost") or "localhost",
+            agent_pid=integer("MACFLEET_AGENT_PID", 0) or None,
+            secret=bytes.fromhex(env.get("MACFLEET_JOB_SECRET", "")),
+        )
+        if not 0 <= parsed.rank < parsed.world_size:
+            raise ConfigError(f"RANK={parsed.rank} is outside WORLD_SIZE={parsed.world_size}")
+        return parsed

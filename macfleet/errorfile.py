@@ -1,0 +1,26 @@
+"""Write an uncaught exception to ``MACFLEET_ERROR_FILE`` as JSON, for the launcher's report.
+
+The worker bootstrap catches what the training script raises (even an ImportError before
+``macfleet.init()``) and records it here. Imports nothing heavy (no torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+
+
+def write(path: str, exc: BaseException) -> None:
+    record = {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "time": time.time(),
+        "pid": os.getpid(),
+    }
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)

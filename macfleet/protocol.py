@@ -1,0 +1,98 @@
+"""The control protocol: what launcher, agents and workers say to each other.
+
+Everything here crosses a process (and often a host) boundary, so it is plain data:
+dataclasses that travel as JSON or msgpack maps, and message kinds as strings.
+
+Flow of one job::
+
+    agent  -> coordinator   hello    {host_index, facts, master_port}
+    coord  -> agent         start    {master_addr, master_port}        (once every agent said hello)
+    worker -> coordinator   register {rank, endpoints, pid, host}
+    coord  -> worker        peers    {table}                           (once every rank registered)
+    worker/agent -> coord   beat     {progress}                        (every HEARTBEAT_S)
+    agent  -> coordinator   exit     {rank, pid, code, signal, error}  (per worker exit)
+    agent  -> coordinator   done     {}                                (all its workers have exited)
+    worker -> coordinator   bye      {}                                (shutdown: stop watching my beats)
+    coord  -> everyone      abort    {reason, rank}                    (any failure, or Ctrl-C)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+HELLO = "hello"
+START = "start"
+REGISTER = "register"
+PEERS = "peers"
+BEAT = "beat"
+EXIT = "exit"
+DONE = "done"
+ABORT = "abort"
+BYE = "bye"
+
+HEARTBEAT_S = 1.0
+# Control messages are small; anything bigger is an attack or a bug (libzmq would otherwise
+# allocate whatever size a peer declares).
+CONTROL_MAX_BYTES = 1 << 20
+
+
+@dataclass
+class AgentSpec:
+    """What the launcher tells one agent, as one JSON line on the agent's stdin.
+
+    The secret travels here (stdin, over ssh for remote hosts), never in argv.
+    """
+
+    job_id: str
+    coordinator: str
+    secret_hex: str
+    host_index: int
+    host: str
+    data_addr: str
+    rank_base: int
+    slots: int
+    world_size: int
+    script: str
+    args: list[str]
+    device: str = "auto"
+    seed: int = 0
+    memory_fraction: float | None = None
+    cwd: str = "."
+    python: str = "python3"
+    restart_count: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    grace_s: float = 3.0
+    prefix_host: bool = False  # several hosts: prefix lines with the host too
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "AgentSpec":
+        return cls(**json.loads(text))
+
+
+@dataclass
+class WorkerExit:
+    """One training process's end, as the agent saw it."""
+
+    rank: int
+    host: str
+    pid: int
+    code: int  # exit status; 128 + signal number when killed by a signal
+    signal: str | None
+    time: float
+    error: dict[str, Any] | None = None  # the error file's JSON, if the process wrote one
+    tail: list[str] = field(default_factory=list)  # last stderr lines, when there is no error file
+
+    def to_fields(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any]) -> "WorkerExit":
+        names = cls.__dataclass_fields__
+        picked = {k: fields[k] for k in names if k in fields}
+        picked["tail"] = list(picked.get("tail") or ())
+        return cls(**picked)

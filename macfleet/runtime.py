@@ -1,0 +1,237 @@
+"""Process-wide state of a training process: ``init``, the collectives, ``shutdown``.
+
+``init`` reads the environment contract (``macfleet.env``), picks and prepares the device,
+seeds the generators, and, when launched with a coordinator, registers, receives the peer
+table and opens the ring. A background thread keeps the control plane: it sends heartbeats
+(with a progress counter, for stall detection), turns the coordinator's abort into an error
+in every pending collective, and stops this process if its agent is gone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import zmq
+
+from macfleet import backends
+from macfleet import protocol
+from macfleet.collectives import Collectives
+from macfleet.control import ControlClient
+from macfleet.env import WorkerEnv
+from macfleet.errors import ConfigError, RendezvousError
+from macfleet.transport import Liveness, Ring
+
+DEFAULT_TIMEOUT_S = float(os.environ.get("MACFLEET_TIMEOUT", "600"))
+RENDEZVOUS_TIMEOUT_S = float(os.environ.get("MACFLEET_RENDEZVOUS_TIMEOUT", "600"))
+
+
+@dataclass
+class Runtime:
+    env: WorkerEnv
+    device: backends.Device
+    collectives: Collectives | None
+    control: "_ControlThread | None"
+    ctx: zmq.Context | None
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+
+_runtime: Runtime | None = None
+
+
+def init(device: str | None = None, streams: int | None = None, timeout_s: float | None = None) -> Runtime:
+    """Join the job (or become a job of one). Idempotent: a second call returns the same runtime.
+
+    ``device`` overrides ``MACFLEET_DEVICE``; ``streams`` is the number of socket pairs per
+    ring direction (default ``MACFLEET_STREAMS`` or 1); ``timeout_s`` is how long a collective
+    may make no progress before ``CollectiveTimeout`` (default ``MACFLEET_TIMEOUT`` or 600 s;
+    a dead peer is reported within seconds regardless, through the coordinator).
+    """
+    global _runtime
+    if _runtime is not None:
+        return _runtime
+    env = WorkerEnv.from_environ()
+    os.environ.pop("MACFLEET_JOB_SECRET", None)  # the script's own subprocesses have no business with it
+    dev = backends.select(device or env.device, env.local_rank)
+    dev.apply_memory_fraction(env.memory_fraction)
+    dev.seed(env.seed + env.rank)
+    if not env.distributed:
+        _runtime = Runtime(env, dev, None, None, None)
+        return _runtime
+
+    streams = streams or int(os.environ.get("MACFLEET_STREAMS", "1"))
+    if streams < 1:
+        raise ConfigError(f"streams must be >= 1, not {streams}")
+    ctx = zmq.Context(io_threads=max(1, min(4, streams)))
+    liveness = Liveness()
+    ring = Ring(ctx, env.rank, env.world_size, env.data_addr, streams, 8 << 20, env.secret, env.job_id,
+                liveness, timeout_s or DEFAULT_TIMEOUT_S)
+    control = _ControlThread(ctx, env, liveness)
+    control.start()
+    try:
+        table = control.register(ring.endpoints())
+        ring.connect(table)
+        ring.handshake()
+    except BaseException:
+        control.stop()
+        ring.close()
+        ctx.destroy(linger=0)
+        raise
+    collectives = Collectives(ring)
+    control.progress = lambda: collectives.ops_done
+    _runtime = Runtime(env, dev, collectives, control, ctx)
+    atexit.register(shutdown)
+    return _runtime
+
+
+def runtime() -> Runtime:
+    return _runtime if _runtime is not None else init()
+
+
+def shutdown() -> None:
+    """Close sockets and stop the control thread. Safe to call twice."""
+    global _runtime
+    rt, _runtime = _runtime, None
+    if rt is None or rt.ctx is None:
+        return
+    if rt.control is not None:
+        rt.control.outbox.put((protocol.BYE, {}))  # a finished rank is not a hung one
+        rt.control.stop()
+    if rt.collectives is not None:
+        rt.collectives.close()
+        rt.collectives.ring.close()
+    rt.ctx.destroy(linger=0)
+
+
+class _ControlThread(threading.Thread):
+    """Owns this process's control socket; the main thread talks to it through queues."""
+
+    def __init__(self, ctx: zmq.Context, env: WorkerEnv, liveness: Liveness) -> None:
+        super().__init__(name="macfleet-control", daemon=True)
+        self.env = env
+        self.liveness = liveness
+        self.client = ControlClient(ctx, env.coordinator or "", env.secret, env.job_id, f"rank-{env.rank}")
+        self.outbox: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self.inbox: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.progress = lambda: 0
+        self._stopping = threading.Event()
+
+    def register(self, endpoints: dict[str, str]) -> dict[int, dict[str, str]]:
+        self.outbox.put((protocol.REGISTER, {"rank": self.env.rank, "endpoints": endpoints,
+                                             "pid": os.getpid(), "host": self.env.host}))
+        deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self.liveness.check()
+            try:
+                reply = self.inbox.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if reply.get("kind") == protocol.PEERS:
+                return {int(rank): dict(eps) for rank, eps in reply["table"]}
+        raise RendezvousError(
+            f"rank {self.env.rank}: not every rank registered within {RENDEZVOUS_TIMEOUT_S:.0f} s "
+            f"(coordinator {self.env.coordinator})"
+        )
+
+    def run(self) -> None:
+        next_beat = 0.0
+        try:
+            while not self._stopping.is_set():
+                while not self.outbox.empty():
+                    kind, fields = self.outbox.get_nowait()
+                    self.client.send(kind, **fields)
+                now = time.monotonic()
+                if now >= next_beat:
+                    self.client.send(protocol.BEAT, progress=self.progress())
+                    next_beat = now + protocol.HEARTBEAT_S
+                    self._check_parent()
+                msg = self.client.recv(0.05)
+                if msg is None:
+                    continue
+                if msg.get("kind") == protocol.ABORT:
+                    rank = msg.get("rank")
+                    self.liveness.abort(str(msg.get("reason", "aborted")), rank if rank != self.env.rank else None)
+                else:
+                    self.inbox.put(msg)
+        finally:
+            while not self.outbox.empty():  # e.g. the goodbye queued by shutdown()
+                kind, fields = self.outbox.get_nowait()
+                self.client.send(kind, **fields)
+            self.client.close()
+
+    def _check_parent(self) -> None:
+        # The agent is our parent. If it died (SIGKILL, lost host), nobody will stop us: stop
+        # ourselves and anything we started (we lead our own process group).
+        if self.env.agent_pid and os.getppid() != self.env.agent_pid:
+            try:
+                os.killpg(os.getpgid(0), 9)
+            finally:
+                os._exit(1)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=2)
+
+
+# -- the public functions, on the process's runtime ----------------------------------------
+def rank() -> int:
+    return runtime().rank
+
+
+def world_size() -> int:
+    return runtime().world_size
+
+
+def local_rank() -> int:
+    return runtime().env.local_rank
+
+
+def device() -> torch.device:
+    """The torch device this process trains on."""
+    return runtime().device.torch_device
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum", name: str = "tensor") -> torch.Tensor:
+    """Reduce ``tensor`` in place over all ranks (``sum``, ``avg``, ``max`` or ``min``) and return it."""
+    rt = runtime()
+    if rt.collectives is None:
+        rt.device.check_dtype(tensor, name)
+        return tensor
+    return rt.collectives.all_reduce(tensor, op, name)
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch.Tensor:
+    """Overwrite ``tensor`` on every rank with rank ``src``'s, in place, and return it."""
+    rt = runtime()
+    if rt.collectives is None:
+        return tensor
+    return rt.collectives.broadcast(tensor, src, name)
+
+
+def all_gather(tensor: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    """A new tensor of shape ``(world_size, *tensor.shape)`` holding every rank's ``tensor``."""
+    rt = runtime()
+    if rt.collectives is None:
+        return tensor.unsqueeze(0).clone()
+    return rt.collectives.all_gather(tensor, name)
+
+
+def barrier() -> None:
+    """Return once every rank has called ``barrier``."""
+    rt = runtime()
+    if rt.collectives is not None:
+        rt.collectives.barrier()

@@ -1,0 +1,67 @@
+"""A sampler that gives each rank its own shard of a dataset, reshuffled identically per epoch."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Sized
+
+import torch
+from torch.utils.data import Sampler
+
+
+class DistributedSampler(Sampler[int]):
+    """Like ``torch.utils.data.DistributedSampler``, without needing torch.distributed.
+
+    Every rank draws the same permutation (seeded with ``seed + epoch``) and takes every
+    ``world_size``-th index from its rank on. The shard is padded with the permutation's first
+    indices so every rank runs the same number of steps (``drop_last`` drops the tail instead):
+    unequal step counts would leave one rank waiting in a collective the others never start.
+    ``state_dict`` records the epoch and how far the shard has been consumed, so a restarted job
+    resumes mid-epoch.
+    """
+
+    def __init__(self, dataset: Sized | int, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+        if num_replicas is None or rank is None:
+            from macfleet import runtime  # only when not given: a plain script needs no job
+
+            rt = runtime.runtime()
+            num_replicas = rt.world_size if num_replicas is None else num_replicas
+            rank = rt.rank if rank is None else rank
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is outside num_replicas {num_replicas}")
+        self.length = dataset if isinstance(dataset, int) else len(dataset)
+        self.num_replicas, self.rank = num_replicas, rank
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch = 0
+        self.start = 0  # samples of this epoch's shard already consumed (for resume)
+        if drop_last:
+            self.num_samples = self.length // num_replicas
+        else:
+            self.num_samples = math.ceil(self.length / num_replicas)
+
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.length, generator=g).tolist()
+        else:
+            order = list(range(self.length))
+        total = self.num_samples * self.num_replicas
+        if total > len(order):
+            order += (order * math.ceil(total / max(1, len(order))))[: total - len(order)]
+        shard = order[:total][self.rank::self.num_replicas]
+        return iter(shard[self.start:])
+
+    def __len__(self) -> int:
+        return self.num_samples - self.start
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Call at the start of every epoch, with the same value on every rank."""
+        self.epoch, self.start = epoch, start
+
+    def state_dict(self, consumed: int = 0) -> dict[str, Any]:
+        return {"epoch": self.epoch, "start": self.start + consumed, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.start, self.seed = int(state["epoch"]), int(state["start"]), int(state["seed"])

@@ -1,0 +1,227 @@
+"""Ring sockets: one channel per (direction, stream), PUSH to the next rank, PULL from the previous.
+
+A rank binds one PULL per channel on its data address and connects one PUSH per channel to
+its neighbour's PULL. Clockwise channels carry data to rank r+1, counter-clockwise ones to
+rank r-1, so both directions of every link carry traffic. Every wait polls with a deadline
+and checks the job's liveness, so a dead or silent peer is an error, never a hang.
+
+Anyone can connect to a bound PULL socket. Messages are therefore signed (``macfleet.wire``)
+and checked against the schedule (job, sender, op, sequence) before the payload is touched;
+anything else is drained, counted in ``dropped`` and ignored.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from macfleet import wire
+from macfleet.errors import CollectiveTimeout, JobAborted, PeerLost, ProtocolError, RendezvousError
+
+POLL_SLICE_MS = 100  # how often a blocked wait looks at the abort flag
+HEADER_SLACK = 64 * 1024
+
+
+class Liveness:
+    """The job's health as this process knows it; set by the control thread, read by every wait."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reason: str | None = None
+        self.failed_rank: int | None = None
+
+    def abort(self, reason: str, failed_rank: int | None = None) -> None:
+        with self._lock:
+            if self.reason is None:
+                self.reason, self.failed_rank = reason, failed_rank
+
+    def check(self) -> None:
+        if self.reason is None:
+            return
+        if self.failed_rank is not None:
+            raise PeerLost(f"rank {self.failed_rank} failed: {self.reason}", rank=self.failed_rank)
+        raise JobAborted(self.reason)
+
+
+@dataclass(frozen=True)
+class ChannelId:
+    clockwise: bool
+    stream: int
+
+    @property
+    def name(self) -> str:
+        return f"{'cw' if self.clockwise else 'ccw'}{self.stream}"
+
+
+class Channel:
+    """One direction of one stream: sends to ``next_rank``, receives from ``prev_rank``.
+
+    ``position`` is this rank's index in the channel's ring order, which is what the ring
+    algorithms schedule on (clockwise: the rank; counter-clockwise: the mirrored rank).
+    """
+
+    def __init__(self, ctx: zmq.Context, cid: ChannelId, rank: int, world: int, data_addr: str,
+                 max_frame: int, secret: bytes, job_id: str, liveness: Liveness, timeout_s: float) -> None:
+        self.id = cid
+        self.rank, self.world = rank, world
+        step = 1 if cid.clockwise else -1
+        self.next_rank = (rank + step) % world
+        self.prev_rank = (rank - step) % world
+        self.position = rank if cid.clockwise else (world - rank) % world
+        self.secret, self.job_id = secret, job_id
+        self.liveness = liveness
+        self.timeout_s = timeout_s
+        self.dropped = 0
+        self._seq_out = 0
+        self._seq_in = 0
+        self._op = -1
+        self.pull = ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.MAXMSGSIZE, max_frame + HEADER_SLACK)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.pull.setsockopt(zmq.RCVHWM, 0)  # bounded by the schedule; never drop a legit frame
+        self.pull.bind(f"tcp://{_bracket(data_addr)}:*")
+        self.endpoint: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.push = ctx.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.LINGER, 0)
+        self.push.setsockopt(zmq.SNDHWM, 0)
+        self.push.setsockopt(zmq.IMMEDIATE, 1)
+
+    def connect(self, endpoint: str) -> None:
+        self.push.connect(endpoint)
+
+    def begin(self, op: int) -> None:
+        """Start a new collective on this channel: sequence numbers restart per op."""
+        self._op, self._seq_out, self._seq_in = op, 0, 0
+
+    # -- sending ----------------------------------------------------------------------------
+    def send(self, payload: memoryview | bytes, meta: dict[str, Any] | None = None) -> zmq.MessageTracker | None:
+        """Send one payload frame (zero-copy when large); returns a tracker to wait on before
+        the payload's memory may be overwritten, or None when it was copied."""
+        # meta first: the schedule fields must win over a collective's own keys
+        fields = {**(meta or {}), "job": self.job_id, "op": self._op, "seq": self._seq_out, "src": self.rank,
+                  "n": len(payload)}
+        mac, header = wire.pack(self.secret, fields)
+        self._seq_out += 1
+        self._wait(self.push, zmq.POLLOUT, "send to", self.next_rank)
+        self.push.send(mac, zmq.SNDMORE)
+        self.push.send(header, zmq.SNDMORE)
+        if len(payload) >= zmq.COPY_THRESHOLD:
+            return self.push.send(payload, copy=False, track=True)
+        self.push.send(payload, copy=True)
+        return None
+
+    # -- receiving --------------------------------------------------------------------------
+    def recv_header(self, nbytes: int, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Wait for the next message of this op's schedule; its payload frame is left unread."""
+        while True:
+            self._wait(self.pull, zmq.POLLIN, "receive from", self.prev_rank)
+            frames = [self.pull.recv(copy=False)]
+            while self.pull.getsockopt(zmq.RCVMORE) and len(frames) < 2:
+                frames.append(self.pull.recv(copy=False))
+            try:
+                fields = self._check(frames, nbytes, meta)
+            except wire.BadMessage:
+                self.dropped += 1
+                self._drain()
+                continue
+            self._seq_in += 1
+            return fields
+
+    def recv_frame(self) -> zmq.Frame:
+        return self.pull.recv(copy=False)
+
+    def recv_into(self, dest: memoryview) -> None:
+        got = self.pull.recv_into(dest)
+        if got != len(dest):
+            raise ProtocolError(f"rank {self.prev_rank} sent {got} bytes where {len(dest)} were due")
+
+    def _check(self, frames: list[zmq.Frame], nbytes: int, meta: dict[str, Any] | None) -> dict[str, Any]:
+        if len(frames) != 2 or not self.pull.getsockopt(zmq.RCVMORE):
+            raise wire.BadMessage("wrong frame count")
+        fields = wire.unpack(self.secret, frames[0].buffer, frames[1].buffer)
+        if (fields.get("job"), fields.get("src"), fields.get("op"), fields.get("seq")) != (
+            self.job_id, self.prev_rank, self._op, self._seq_in
+        ):
+            raise wire.BadMessage("not the next message of the schedule")  # e.g. a replay
+        # Authentic and in order: a disagreement now is a real mismatch between ranks.
+        for key, want in (meta or {}).items():
+            if fields.get(key) != want:
+                raise ProtocolError(
+                    f"rank {self.prev_rank} and rank {self.rank} disagree on a collective's {key}: "
+                    f"{fields.get(key)!r} != {want!r} (every rank must call the same collectives, "
+                    f"in the same order, on tensors of the same size and dtype)"
+                )
+        if fields.get("n") != nbytes:
+            raise ProtocolError(f"rank {self.prev_rank} sent {fields.get('n')} bytes where {nbytes} were due")
+        return fields
+
+    def _drain(self) -> None:
+        while self.pull.getsockopt(zmq.RCVMORE):
+            self.pull.recv(copy=False)
+
+    def _wait(self, sock: zmq.Socket, event: int, what: str, peer: int) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not sock.poll(POLL_SLICE_MS, event):
+            self.liveness.check()
+            if time.monotonic() > deadline:
+                raise CollectiveTimeout(
+                    f"rank {self.rank}: no progress for {self.timeout_s:.0f} s waiting to {what} rank {peer} "
+                    f"on channel {self.id.name} (op {self._op}, {self.dropped} frames dropped); "
+                    f"is rank {peer} stuck or behind?"
+                )
+        self.liveness.check()
+
+    def close(self) -> None:
+        self.push.close(linger=0)
+        self.pull.close(linger=0)
+
+
+class Ring:
+    """All channels of this rank, bound at construction, connected once the peer table is known."""
+
+    def __init__(self, ctx: zmq.Context, rank: int, world: int, data_addr: str, streams: int, max_frame: int,
+                 secret: bytes, job_id: str, liveness: Liveness, timeout_s: float) -> None:
+        self.rank, self.world = rank, world
+        self.liveness = liveness
+        ids = [ChannelId(clockwise, s) for s in range(streams) for clockwise in (True, False)]
+        self.channels = [
+            Channel(ctx, cid, rank, world, data_addr, max_frame, secret, job_id, liveness, timeout_s) for cid in ids
+        ]
+
+    def endpoints(self) -> dict[str, str]:
+        return {ch.id.name: ch.endpoint for ch in self.channels}
+
+    def connect(self, table: dict[int, dict[str, str]]) -> None:
+        for ch in self.channels:
+            peer = table.get(ch.next_rank, {})
+            if ch.id.name not in peer:
+                raise RendezvousError(f"rank {ch.next_rank} published no endpoint for channel {ch.id.name}")
+            ch.connect(peer[ch.id.name])
+
+    def handshake(self) -> None:
+        """Exchange one message on every channel, so an unreachable neighbour fails init, not step 1."""
+        for ch in self.channels:
+            ch.begin(-1)
+            ch.send(b"hello")
+        for ch in self.channels:
+            try:
+                ch.recv_header(5)
+            except CollectiveTimeout as exc:
+                raise RendezvousError(f"ring not connected: {exc}") from None
+            ch.recv_frame()
+
+    @property
+    def dropped(self) -> int:
+        return sum(ch.dropped for ch in self.channels)
+
+    def close(self) -> None:
+        for ch in self.channels:
+            ch.close()
+
+
+def _bracket(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr

@@ -1,0 +1,291 @@
+"""The per-host agent: ``python -m macfleet.workers.agent``, one per host of a job.
+
+It reads its ``AgentSpec`` as one JSON line on stdin (the secret travels there, never in
+argv), says hello to the coordinator with this host's facts, and on ``start`` spawns its
+ranks as fresh interpreters (never forked from a process that imported torch), each leading
+its own process group. It streams their output with ``[rank K]`` prefixes, reports every exit
+with the rank's error file, and stops its ranks (SIGTERM, grace, SIGKILL to the group) when
+the coordinator aborts, when the launcher goes away (stdin closes: the launcher died, or the
+ssh connection did), or when it is itself told to stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import IO
+
+import zmq
+
+from macfleet import protocol
+from macfleet.control import ControlClient
+from macfleet.protocol import AgentSpec, WorkerExit
+
+TAIL_LINES = 40
+
+
+@dataclass
+class Worker:
+    rank: int
+    local_rank: int
+    proc: subprocess.Popen
+    error_file: str
+    tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    pumps: list[threading.Thread] = field(default_factory=list)
+    exit: WorkerExit | None = None
+
+
+def host_facts() -> dict[str, object]:
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "hostname": socket.gethostname(),
+        "os": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "macfleet": version("macfleet"),
+        "cpus": os.cpu_count(),
+    }
+
+
+def worker_env(spec: AgentSpec, local_rank: int, master_addr: str, master_port: int, error_file: str) -> dict[str, str]:
+    """The environment contract of ``macfleet.env``, built here and nowhere else."""
+    env = dict(os.environ)
+    env.update(spec.env)
+    env.update({
+        "RANK": str(spec.rank_base + local_rank),
+        "WORLD_SIZE": str(spec.world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(spec.slots),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "MACFLEET_COORDINATOR": spec.coordinator,
+        "MACFLEET_JOB_ID": spec.job_id,
+        "MACFLEET_RESTART_COUNT": str(spec.restart_count),
+        "MACFLEET_DEVICE": spec.device,
+        "MACFLEET_SEED": str(spec.seed),
+        "MACFLEET_ERROR_FILE": error_file,
+        "MACFLEET_DATA_ADDR": spec.data_addr,
+        "MACFLEET_HOST": spec.host,
+        "MACFLEET_AGENT_PID": str(os.getpid()),
+        "MACFLEET_JOB_SECRET": spec.secret_hex,
+        "PYTHONUNBUFFERED": "1",  # stream lines live, not at exit
+    })
+    fraction = spec.memory_fraction
+    if fraction is None and spec.slots > 1:
+        fraction = round(0.9 / spec.slots, 4)  # processes on one host share its GPU
+    if fraction is not None:
+        env["MACFLEET_MEMORY_FRACTION"] = str(fraction)
+        # Read once by torch at the first MPS allocation, so they must be set before the child
+        # starts; the low watermark moves with the high one (mps-facts.md section 2).
+        env.setdefault("PYTORCH_MPS_HIGH_WATERMARK_RATIO", str(fraction))
+        env.setdefault("PYTORCH_MPS_LOW_WATERMARK_RATIO", str(round(fraction * 0.8, 4)))
+    env.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
+    if spec.slots > 1:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.slots)))
+    return env
+
+
+class Agent:
+    def __init__(self, spec: AgentSpec) -> None:
+        self.spec = spec
+        self.ctx = zmq.Context()
+        self.client = ControlClient(self.ctx, spec.coordinator, bytes.fromhex(spec.secret_hex), spec.job_id,
+                                    f"agent-{spec.host_index}")
+        self.workers: list[Worker] = []
+        self.tmpdir = tempfile.mkdtemp(prefix=f"macfleet-{spec.job_id}-")
+        self.out_lock = threading.Lock()
+        self.launcher_gone = threading.Event()
+        self.stop_reason: str | None = None
+        self._stop_started: float | None = None
+
+    def run(self) -> int:
+        threading.Thread(target=self._watch_stdin, daemon=True).start()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        hello = {"host_index": self.spec.host_index, "facts": host_facts()}
+        if self.spec.host_index == 0:
+            hello["master_port"] = _free_port(self.spec.data_addr)
+        self.client.send(protocol.HELLO, **hello)
+        start = self._wait_for_start()
+        if start is None:
+            return self._finish()
+        for local_rank in range(self.spec.slots):
+            self._spawn(local_rank, str(start["master_addr"]), int(start["master_port"]))
+        self._supervise()
+        return self._finish()
+
+    def _wait_for_start(self) -> dict | None:
+        next_beat = 0.0
+        while self.stop_reason is None:
+            if time.monotonic() >= next_beat:
+                self.client.send(protocol.BEAT, progress=0)
+                next_beat = time.monotonic() + protocol.HEARTBEAT_S
+            msg = self.client.recv(0.1)
+            if self.launcher_gone.is_set():
+                self.stop_reason = "launcher gone"
+            elif msg is not None and msg.get("kind") == protocol.START:
+                return msg
+            elif msg is not None and msg.get("kind") == protocol.ABORT:
+                self.stop_reason = str(msg.get("reason"))
+        return None
+
+    def _spawn(self, local_rank: int, master_addr: str, master_port: int) -> None:
+        rank = self.spec.rank_base + local_rank
+        error_file = os.path.join(self.tmpdir, f"error-{rank}.json")
+        proc = subprocess.Popen(
+            [self.spec.python, "-m", "macfleet.workers.bootstrap", self.spec.script, *self.spec.args],
+            env=worker_env(self.spec, local_rank, master_addr, master_port, error_file),
+            cwd=self.spec.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own process group: we stop it and everything it started
+        )
+        worker = Worker(rank, local_rank, proc, error_file)
+        prefix = f"[rank {rank} {self.spec.host}] " if self.spec.prefix_host else f"[rank {rank}] "
+        for stream, sink, tail in ((proc.stdout, sys.stdout.buffer, None), (proc.stderr, sys.stderr.buffer, worker.tail)):
+            pump = threading.Thread(target=self._pump, args=(stream, sink, prefix.encode(), tail), daemon=True)
+            pump.start()
+            worker.pumps.append(pump)
+        self.workers.append(worker)
+
+    def _pump(self, stream: IO[bytes], sink: IO[bytes], prefix: bytes, tail: deque | None) -> None:
+        for line in iter(stream.readline, b""):
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            if tail is not None:
+                tail.append(line.decode(errors="replace").rstrip("\n"))
+            with self.out_lock:
+                try:
+                    sink.write(prefix + line)
+                    sink.flush()
+                except (BrokenPipeError, OSError):
+                    pass  # our own output is gone (launcher died); keep draining so the rank never blocks
+        stream.close()
+
+    def _supervise(self) -> None:
+        next_beat = 0.0
+        while any(w.exit is None for w in self.workers):
+            if time.monotonic() >= next_beat:
+                self.client.send(protocol.BEAT, progress=0)
+                next_beat = time.monotonic() + protocol.HEARTBEAT_S
+            msg = self.client.recv(0.05)
+            if msg is not None and msg.get("kind") == protocol.ABORT and self.stop_reason is None:
+                self.stop_reason = str(msg.get("reason"))
+            if self.launcher_gone.is_set() and self.stop_reason is None:
+                self.stop_reason = "launcher gone"
+            self._reap()
+            if self.stop_reason is not None:
+                self._stop_workers()
+
+    def _reap(self) -> None:
+        for w in self.workers:
+            if w.exit is not None or w.proc.poll() is None:
+                continue
+            for pump in w.pumps:  # the last lines (a traceback) must be in the tail before we report
+                pump.join(timeout=2)
+            code = w.proc.returncode
+            signame = signal.Signals(-code).name if code < 0 else None
+            w.exit = WorkerExit(
+                rank=w.rank, host=self.spec.host, pid=w.proc.pid, code=128 - code if code < 0 else code,
+                signal=signame, time=time.time(), error=_read_json(w.error_file),
+                tail=list(w.tail) if code != 0 else [],
+            )
+            self.client.send(protocol.EXIT, **w.exit.to_fields())
+
+    def _stop_workers(self) -> None:
+        """Ranks get a grace period to exit on their own (an abort raises in their collectives),
+        then SIGTERM, then SIGKILL, each to the whole process group."""
+        if self._stop_started is None:
+            self._stop_started = time.monotonic()
+        elapsed = time.monotonic() - self._stop_started
+        grace = self.spec.grace_s
+        for w in self.workers:
+            if w.exit is not None:
+                _killpg(w.proc.pid, signal.SIGKILL)  # leftovers of a finished rank (its children)
+                continue
+            if elapsed >= 2 * grace:
+                _killpg(w.proc.pid, signal.SIGKILL)
+            elif elapsed >= grace or self.stop_reason == "launcher gone":
+                _killpg(w.proc.pid, signal.SIGTERM)
+
+    def _finish(self) -> int:
+        for w in self.workers:
+            _killpg(w.proc.pid, signal.SIGKILL)  # nothing of this job outlives the agent
+        self.client.send(protocol.DONE, host_index=self.spec.host_index)
+        self.client.close()
+        self.ctx.destroy(linger=1000)
+        for w in self.workers:
+            _remove(w.error_file)
+        _remove(self.tmpdir)
+        return 0 if all(w.exit and w.exit.code == 0 for w in self.workers) else 1
+
+    def _watch_stdin(self) -> None:
+        # The raw fd, not sys.stdin: a daemon thread blocked in a buffered reader aborts
+        # interpreter shutdown.
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        self.launcher_gone.set()
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.stop_reason = self.stop_reason or f"agent received {signal.Signals(signum).name}"
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _free_port(addr: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.rmdir(path) if os.path.isdir(path) else os.remove(path)
+    except OSError:
+        pass
+
+
+def main() -> None:
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit("macfleet agent: expected the job spec as one JSON line on stdin")
+    spec = AgentSpec.from_json(line)
+    sys.exit(Agent(spec).run())
+
+
+if __name__ == "__main__":
+    main()

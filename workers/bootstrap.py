@@ -1,0 +1,46 @@
+"""Start a training script the way ``python script.py args`` would, recording how it fails.
+
+``python -m macfleet.workers.bootstrap SCRIPT [ARGS...]`` runs SCRIPT as ``__main__``. An
+uncaught exception is printed as Python would (its traceback starting at the script, without
+the bootstrap's own frames) and written to ``MACFLEET_ERROR_FILE`` for the launcher's
+report. Imports no torch: the environment the agent prepared must be in place before the
+script imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+
+from macfleet import errorfile
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m macfleet.workers.bootstrap SCRIPT [ARGS...]")
+    script = os.path.abspath(sys.argv[1])
+    sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(script)  # as `python script.py` does
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        tb = exc.__traceback__
+        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
+            tb = tb.tb_next
+        exc = exc.with_traceback(tb or exc.__traceback__)
+        traceback.print_exception(exc)
+        path = os.environ.get("MACFLEET_ERROR_FILE")
+        if path:
+            try:
+                errorfile.write(path, exc)
+            except OSError:
+                pass  # the report falls back to the stderr tail the agent keeps
+        sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+
+
+if __name__ == "__main__":
+    main()
