@@ -29,6 +29,7 @@ from macfleet.errors import ConfigError, RendezvousError
 from macfleet.transport import Liveness, Ring
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("MACFLEET_TIMEOUT", "600"))
+MAX_FRAME_BYTES = 8 << 20  # the largest chunk a peer may send (MAXMSGSIZE on data sockets)
 RENDEZVOUS_TIMEOUT_S = float(os.environ.get("MACFLEET_RENDEZVOUS_TIMEOUT", "600"))
 
 
@@ -77,7 +78,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
         raise ConfigError(f"streams must be >= 1, not {streams}")
     ctx = zmq.Context(io_threads=max(1, min(4, streams)))
     liveness = Liveness()
-    ring = Ring(ctx, env.rank, env.world_size, env.data_addr, streams, 8 << 20, env.secret, env.job_id,
+    ring = Ring(ctx, env.rank, env.world_size, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id,
                 liveness, timeout_s or DEFAULT_TIMEOUT_S)
     control = _ControlThread(ctx, env, liveness)
     control.start()
@@ -90,11 +91,28 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
         ring.close()
         ctx.destroy(linger=0)
         raise
-    collectives = Collectives(ring)
+    collectives = Collectives(
+        ring,
+        chunk_bytes=min(MAX_FRAME_BYTES, _env_bytes("MACFLEET_CHUNK_BYTES", 4 << 20)),
+        small_bytes=_env_bytes("MACFLEET_SMALL_BYTES", 64 << 10),
+    )
     control.progress = lambda: collectives.ops_done
     _runtime = Runtime(env, dev, collectives, control, ctx)
     atexit.register(shutdown)
     return _runtime
+
+
+def _env_bytes(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of bytes") from None
+    if value < 1:
+        raise ConfigError(f"{name} must be positive")
+    return value
 
 
 def runtime() -> Runtime:

@@ -1,0 +1,45 @@
+"""A rank that does what the test asks: ``behave.py FAIL_RANK MODE``.
+
+Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by MODE
+(``raise``, ``exit3``, ``sigkill``, ``none``) while the others wait in all-reduces, which a
+failure elsewhere must turn into an error rather than a hang. With ``hang`` the others wait
+forever (until stopped). ``env`` prints the environment contract as this rank sees it.
+"""
+
+import json
+import os
+import signal
+import sys
+
+import torch
+
+import macfleet
+
+fail_rank, mode = int(sys.argv[1]), sys.argv[2]
+macfleet.init()
+rank = macfleet.rank()
+if mode == "env":
+    import random
+    seen = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                          "MASTER_PORT", "MACFLEET_JOB_ID", "MACFLEET_JOB_SECRET",
+                                          "MACFLEET_MEMORY_FRACTION", "PYTORCH_MPS_HIGH_WATERMARK_RATIO")}
+    seen["torch_seed"] = torch.initial_seed()
+    seen["python_random"] = random.random()
+    print("ENV " + json.dumps(seen))
+    macfleet.shutdown()
+    sys.exit(0)
+print("ready", flush=True)
+macfleet.barrier()
+if rank == fail_rank:
+    if mode == "raise":
+        raise ValueError(f"deliberate failure on rank {rank}")
+    if mode == "exit3":
+        sys.exit(3)
+    if mode == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+if mode == "hang":
+    while True:
+        macfleet.all_reduce(torch.ones(8))
+for _ in range(3):
+    macfleet.all_reduce(torch.ones(8))
+print("finished", flush=True)

@@ -1,0 +1,84 @@
+"""Run collective cases from a JSON file and check each against an independent computation.
+
+Every rank can rebuild every rank's input from the case seed, so the expected result is
+computed here in float64/int64 with plain torch, not with macfleet. Writes
+``OUT/rank-R.json`` with the failures found (an empty list when all cases are exact).
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+import macfleet
+
+DTYPES = {name: getattr(torch, name) for name in
+          ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64")}
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-6, torch.float64: 1e-12}
+
+
+def make_input(case, rank):
+    g = torch.Generator().manual_seed(case["seed"] * 1000 + rank)
+    low = 0 if case["dtype"] == "uint8" else -8
+    # small integers: exactly representable in every dtype, and so are their sums over 8 ranks
+    return torch.randint(low, 9, (case["numel"],), generator=g).to(DTYPES[case["dtype"]])
+
+
+def expected(case, world):
+    inputs = torch.stack([make_input(case, r) for r in range(world)]) if case["numel"] else None
+    dtype = DTYPES[case["dtype"]]
+    if case["numel"] == 0:
+        return torch.empty(0, dtype=dtype) if case["kind"] != "all_gather" else torch.empty(world, 0, dtype=dtype)
+    wide = inputs.double() if dtype.is_floating_point else inputs.long()
+    kind = case["kind"]
+    if kind == "broadcast":
+        return inputs[case["src"]]
+    if kind == "all_gather":
+        return inputs
+    op = case["op"]
+    result = {"sum": wide.sum(0), "avg": wide.sum(0) / world, "max": wide.amax(0), "min": wide.amin(0)}[op]
+    return result.to(dtype)
+
+
+def run(case, rank, world):
+    t = make_input(case, rank)
+    if case["kind"] == "all_reduce":
+        got = macfleet.all_reduce(t, case["op"])
+    elif case["kind"] == "broadcast":
+        got = macfleet.broadcast(t, case["src"])
+    else:
+        got = macfleet.all_gather(t)
+    want = expected(case, world)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"shape/dtype {tuple(got.shape)}/{got.dtype} != {tuple(want.shape)}/{want.dtype}"
+    if case.get("op") == "avg":
+        ok = torch.allclose(got.double(), want.double(), rtol=TOLERANCE[want.dtype], atol=TOLERANCE[want.dtype])
+    else:
+        ok = torch.equal(got, want)
+    if not ok:
+        bad = (got.double() != want.double()).nonzero()[:5].flatten().tolist()
+        return f"values differ at {bad}: got {got.flatten()[bad].tolist()} want {want.flatten()[bad].tolist()}"
+    return None
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        cases = json.load(f)
+    out_dir = sys.argv[2]
+    macfleet.init()
+    rank, world = macfleet.rank(), macfleet.world_size()
+    failures = []
+    for case in cases:
+        problem = run(case, rank, world)
+        if problem:
+            failures.append({"case": case, "problem": problem})
+    macfleet.barrier()
+    with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "world": world, "cases": len(cases), "failures": failures}, f)
+    print(f"rank {rank}: {len(cases) - len(failures)}/{len(cases)} cases exact")
+    macfleet.shutdown()
+
+
+if __name__ == "__main__":
+    main()

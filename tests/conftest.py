@@ -1,0 +1,79 @@
+"""Fixtures for tests that start real jobs: real processes, real sockets, timeouts, no leftovers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(__file__).resolve().parent / "bin"
+MNIST = ROOT / "examples" / "mnist" / "train.py"
+
+
+@dataclass
+class Job:
+    code: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def launch_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "macfleet.launcher.cli", "launch", *args]
+
+
+def run_launch(*args: str, timeout: float = 120, env: dict[str, str] | None = None, cwd: str | None = None) -> Job:
+    """Run ``macfleet launch ARGS`` to completion; on timeout kill its whole process group and fail."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        launch_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(f"macfleet launch {' '.join(args)} ran over {timeout} s\n{out}\n{err}")
+    return Job(proc.returncode, out, err, time.monotonic() - started)
+
+
+def kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def job_processes() -> list[str]:
+    """Processes of any macfleet job on this machine (agents and ranks)."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line.strip() for line in out.splitlines()
+            if "macfleet.workers" in line or "macfleet.launcher.cli" in line]
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Every test must leave no process of a job behind; give exiting ones a moment to be reaped."""
+    yield
+    deadline = time.monotonic() + 10
+    while job_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling for an exit to finish, not standing in for synchronisation
+    left = job_processes()
+    for line in left:
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    assert not left, f"processes left behind: {left}"

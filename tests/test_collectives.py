@@ -1,0 +1,80 @@
+"""Collectives against exact expected values, for random sizes, dtypes, ops and world sizes.
+
+Each example starts a real job (``macfleet launch``) whose ranks run a list of generated
+cases; every rank checks every result against values it computes independently.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import BIN, run_launch
+
+FLOATS = ["float32", "float16", "bfloat16", "float64"]
+INTS = ["int8", "uint8", "int16", "int32", "int64"]
+SIZES = st.one_of(
+    st.integers(0, 9),                       # empty, and fewer elements than ranks
+    st.integers(10, 5000),                    # odd sizes
+    st.sampled_from([16384, 16385, 70001, 300_001]),  # several chunks and parts
+)
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> dict:
+    dtype = draw(st.sampled_from(FLOATS + INTS))
+    kind = draw(st.sampled_from(["all_reduce", "all_reduce", "broadcast", "all_gather"]))
+    ops = ["sum", "avg", "max", "min"] if dtype in FLOATS else ["sum", "max", "min"]
+    return {
+        "kind": kind, "dtype": dtype, "numel": draw(SIZES), "seed": draw(st.integers(0, 10**6)),
+        "op": draw(st.sampled_from(ops)), "src": draw(st.integers(0, 7)),
+    }
+
+
+def run_cases(tmp_path, world: int, case_list: list[dict], env: dict[str, str] | None = None) -> None:
+    for case in case_list:
+        case["src"] %= world
+    cases_file = tmp_path / "cases.json"
+    cases_file.write_text(json.dumps(case_list))
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    for old in out.iterdir():
+        old.unlink()
+    job = run_launch("--nproc", str(world), str(BIN / "collective_cases.py"), str(cases_file), str(out),
+                     env=env, timeout=240)
+    assert job.code == 0, job.output
+    reports = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
+    for report in reports:
+        assert report["cases"] == len(case_list)
+        assert report["failures"] == [], report["failures"][:3]
+
+
+# (world size, environment): the paths a collective can take. Tiny chunks and a tiny latency
+# threshold force the pipelined multi-chunk, multi-part ring even for small tensors.
+PATHS = {
+    "w1": (1, {}),
+    "w2-default": (2, {}),
+    "w3-tiny-chunks-2-streams": (3, {"MACFLEET_CHUNK_BYTES": "4096", "MACFLEET_SMALL_BYTES": "256",
+                                     "MACFLEET_STREAMS": "2"}),
+    "w4-tiny-chunks": (4, {"MACFLEET_CHUNK_BYTES": "1000", "MACFLEET_SMALL_BYTES": "64"}),
+    "w8-default": (8, {}),
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case_list=st.lists(cases(), min_size=12, max_size=24))
+def test_collectives_are_exact(tmp_path, path: str, case_list: list[dict]) -> None:
+    world, env = PATHS[path]
+    run_cases(tmp_path, world, case_list, env)
+
+
+def test_all_reduce_of_more_than_100_mib_is_exact(tmp_path) -> None:
+    numel = (100 << 20) // 4 + 12345  # just over 100 MiB of float32
+    run_cases(tmp_path, 2, [
+        {"kind": "all_reduce", "dtype": "float32", "numel": numel, "seed": 7, "op": "sum", "src": 0},
+        {"kind": "all_reduce", "dtype": "int64", "numel": numel // 2, "seed": 8, "op": "max", "src": 0},
+    ], env={"MACFLEET_STREAMS": "2"})

@@ -1,0 +1,99 @@
+"""``macfleet launch`` end to end: output, exit codes, the root-cause report, Ctrl-C, bad input."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+from conftest import BIN, job_processes, kill_group, launch_command, run_launch
+
+BEHAVE = str(BIN / "behave.py")
+
+
+def test_success_exits_zero_and_prefixes_every_line_with_its_rank() -> None:
+    job = run_launch("--nproc", "3", BEHAVE, "-1", "none")
+    assert job.code == 0, job.output
+    for rank in range(3):
+        assert f"[rank {rank}] ready" in job.stdout
+        assert f"[rank {rank}] finished" in job.stdout
+
+
+def test_a_raising_rank_fails_the_job_with_its_traceback() -> None:
+    job = run_launch("--nproc", "3", BEHAVE, "1", "raise", timeout=60)
+    assert job.code == 1
+    report = job.stderr[job.stderr.index("root cause"):]
+    assert "rank 1 (host localhost" in report.splitlines()[1]
+    assert "ValueError: deliberate failure on rank 1" in report
+    assert "behave.py" in report  # the traceback reaches into the script
+    assert "[PeerLost]" in report  # the other ranks were released, not left hanging
+    assert job.seconds < 30
+
+
+def test_the_root_cause_exit_code_is_the_launchers() -> None:
+    job = run_launch("--nproc", "2", BEHAVE, "1", "exit3", timeout=60)
+    assert job.code == 3, job.output
+    assert "rank 1" in job.stderr and "exited with code 3" in job.stderr
+
+
+def test_a_rank_killed_by_a_signal_is_reported_by_name() -> None:
+    job = run_launch("--nproc", "2", BEHAVE, "0", "sigkill", timeout=60)
+    assert job.code == 128 + signal.SIGKILL, job.output
+    assert "rank 0" in job.stderr and "SIGKILL" in job.stderr
+
+
+def test_ctrl_c_stops_every_process_of_the_job() -> None:
+    proc = subprocess.Popen(launch_command("--nproc", "2", BEHAVE, "-1", "hang"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        ready = set()
+        assert proc.stdout is not None
+        while len(ready) < 2:
+            line = proc.stdout.readline()
+            assert line, "job ended before its ranks were ready"
+            if line.strip().endswith("ready"):
+                ready.add(line.split("]")[0])
+        assert len(job_processes()) >= 4  # launcher, agent, two ranks
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+        assert code == 130
+        assert time.monotonic() - started < 15
+    finally:
+        kill_group(proc.pid)
+        proc.communicate()
+
+
+def test_the_environment_contract_and_per_rank_seeds() -> None:
+    job = run_launch("--nproc", "2", "--seed", "40", BEHAVE, "-1", "env")
+    assert job.code == 0, job.output
+    seen = {}
+    for line in job.stdout.splitlines():
+        if " ENV " in line:
+            fields = json.loads(line.split(" ENV ", 1)[1])
+            seen[int(fields["RANK"])] = fields
+    assert sorted(seen) == [0, 1]
+    for rank, fields in seen.items():
+        assert fields["WORLD_SIZE"] == "2" and fields["LOCAL_RANK"] == str(rank) and fields["LOCAL_WORLD_SIZE"] == "2"
+        assert fields["MASTER_ADDR"] and int(fields["MASTER_PORT"]) > 0
+        assert fields["MACFLEET_JOB_SECRET"] is None  # init() removed it from the environment
+        assert fields["torch_seed"] == 40 + rank
+        assert float(fields["MACFLEET_MEMORY_FRACTION"]) == 0.45  # two processes share the GPU
+        assert fields["PYTORCH_MPS_HIGH_WATERMARK_RATIO"] == fields["MACFLEET_MEMORY_FRACTION"]
+    assert seen[0]["MACFLEET_JOB_ID"] == seen[1]["MACFLEET_JOB_ID"]
+    assert seen[0]["python_random"] != seen[1]["python_random"]
+
+
+def test_a_missing_script_is_a_one_line_error(tmp_path) -> None:
+    job = run_launch("--nproc", "2", str(tmp_path / "nope.py"))
+    assert job.code == 2
+    assert "no such file" in job.stderr and "Traceback" not in job.stderr
+
+
+def test_bad_flags_are_usage_errors() -> None:
+    for args in (["--nproc", "0", BEHAVE], ["--hosts", "a:x", BEHAVE], ["--device", "tpu", BEHAVE],
+                 ["--memory-fraction", "1.5", BEHAVE]):
+        job = run_launch(*args)
+        assert job.code == 2, args
+        assert "Traceback" not in job.stderr and "Error" in job.stderr, job.stderr

@@ -1,0 +1,50 @@
+"""The training oracle: N ranks on shards of a batch == one process on the whole batch."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import BIN, MNIST, run_launch
+
+sys.path.insert(0, str(BIN))
+import oracle  # noqa: E402
+
+STEPS = 6
+
+
+def reference_parameters() -> dict[str, torch.Tensor]:
+    model = oracle.make_model()
+    optimizer = oracle.make_optimizer(model)
+    x, y = oracle.make_batch()
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_sharded_training_matches_one_process_on_the_whole_batch(tmp_path, world: int) -> None:
+    out = tmp_path / "params.pt"
+    job = run_launch("--nproc", str(world), str(BIN / "oracle.py"), str(STEPS), str(out))
+    assert job.code == 0, job.output
+    got, want = torch.load(out), reference_parameters()
+    initial = oracle.make_model().state_dict()
+    for name, value in want.items():
+        assert not torch.allclose(value, initial[name])  # training moved it, so the comparison means something
+        assert torch.allclose(got[name], value, atol=1e-5, rtol=0), name
+
+
+def test_mnist_example_learns_in_one_epoch_on_two_processes(tmp_path) -> None:
+    job = run_launch("--nproc", "2", str(MNIST), "--epochs", "1", "--train-url", str(tmp_path), timeout=300)
+    assert job.code == 0, job.output
+    assert "generated digits" in job.stdout  # says which data it used
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    assert metrics["final_test_accuracy"] >= 0.9
+    assert (tmp_path / "model.pt").exists()

@@ -1,0 +1,151 @@
+"""The pieces that need no job: environment contract, wire format, host lists, sampler, dtypes."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import subprocess
+import sys
+
+import msgpack
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import MNIST
+from macfleet import ConfigError, wire
+from macfleet.backends import MpsDevice, check_tensor
+from macfleet.env import WorkerEnv
+from macfleet.launcher.hosts import parse_hostfile, parse_hosts
+from macfleet.sampler import DistributedSampler
+
+SECRET = b"k" * 32
+
+
+# -- environment contract ---------------------------------------------------------------------
+def test_no_launcher_means_a_job_of_one() -> None:
+    env = WorkerEnv.from_environ({})
+    assert (env.rank, env.world_size, env.distributed) == (0, 1, False)
+
+
+def test_environment_is_parsed_and_checked() -> None:
+    env = WorkerEnv.from_environ({"RANK": "2", "WORLD_SIZE": "4", "MACFLEET_COORDINATOR": "tcp://h:1",
+                                  "MACFLEET_MEMORY_FRACTION": "0.25", "MACFLEET_JOB_SECRET": "ab01"})
+    assert env.distributed and env.rank == 2 and env.memory_fraction == 0.25 and env.secret == b"\xab\x01"
+    for bad in ({"RANK": "x"}, {"RANK": "4", "WORLD_SIZE": "4"}, {"MACFLEET_DEVICE": "tpu"},
+                {"MACFLEET_MEMORY_FRACTION": "2"}):
+        with pytest.raises(ConfigError):
+            WorkerEnv.from_environ(bad)
+
+
+# -- wire format ------------------------------------------------------------------------------
+def test_signed_headers_round_trip() -> None:
+    mac, header = wire.pack(SECRET, {"op": 3, "seq": 1})
+    assert wire.unpack(SECRET, mac, header) == {"v": wire.VERSION, "op": 3, "seq": 1}
+
+
+def test_forged_and_tampered_headers_are_refused() -> None:
+    mac, header = wire.pack(SECRET, {"op": 3})
+    with pytest.raises(wire.BadMessage):
+        wire.unpack(b"other" * 8, mac, header)
+    with pytest.raises(wire.BadMessage):
+        wire.unpack(SECRET, mac, header[:-1] + b"\x04")
+
+
+@given(st.binary(max_size=64), st.binary(max_size=wire.MAX_HEADER_BYTES + 10))
+def test_garbage_is_a_bad_message_never_a_crash(mac: bytes, header: bytes) -> None:
+    with pytest.raises(wire.BadMessage):
+        wire.unpack(SECRET, mac, header)
+
+
+def test_a_validly_signed_non_map_or_wrong_version_is_refused() -> None:
+    for body in (msgpack.packb([1, 2]), msgpack.packb({"v": 99})):
+        with pytest.raises(wire.BadMessage):
+            wire.unpack(SECRET, wire.sign(SECRET, body), body)
+
+
+# -- host lists -------------------------------------------------------------------------------
+def test_host_lists() -> None:
+    hosts = parse_hosts("a:2,bob@b:1,c", default_slots=3)
+    assert [(h.name, h.slots, h.user) for h in hosts] == [("a", 2, None), ("b", 1, "bob"), ("c", 3, None)]
+    for bad in ("a:x", "a,,b", "a:0", "a b", "a,a"):
+        with pytest.raises(ValueError):
+            parse_hosts(bad)
+
+
+def test_hostfile_names_the_bad_line(tmp_path) -> None:
+    path = tmp_path / "hosts"
+    path.write_text("# macs\nmini1 slots=2 addr=169.254.0.2\n\nalice@mini2  # one slot\n")
+    hosts = parse_hostfile(str(path))
+    assert [(h.name, h.slots, h.addr, h.user) for h in hosts] == [
+        ("mini1", 2, "169.254.0.2", None), ("mini2", 1, None, "alice")]
+    path.write_text("mini1 slots=2\nmini2 slots=two\n")
+    with pytest.raises(ValueError, match=r":2: "):
+        parse_hostfile(str(path))
+
+
+# -- sampler ----------------------------------------------------------------------------------
+@given(st.integers(1, 200), st.integers(1, 8), st.integers(0, 5), st.booleans())
+def test_shards_cover_the_dataset_and_agree_on_the_shuffle(n: int, world: int, epoch: int, drop_last: bool) -> None:
+    shards = []
+    for rank in range(world):
+        s = DistributedSampler(n, num_replicas=world, rank=rank, seed=3, drop_last=drop_last)
+        s.set_epoch(epoch)
+        shards.append(list(s))
+    lengths = {len(sh) for sh in shards}
+    assert len(lengths) == 1  # every rank runs the same number of steps
+    seen = [i for sh in shards for i in sh]
+    if drop_last:
+        assert len(set(seen)) == len(seen) == (n // world) * world
+    else:
+        assert set(seen) == set(range(n))
+
+
+def test_epochs_reshuffle_and_resume_mid_epoch() -> None:
+    s = DistributedSampler(100, num_replicas=2, rank=1, seed=0)
+    s.set_epoch(0)
+    first = list(s)
+    s.set_epoch(1)
+    assert list(s) != first
+    s.set_epoch(0)
+    state = s.state_dict(consumed=10)
+    resumed = DistributedSampler(100, num_replicas=2, rank=1, seed=0)
+    resumed.load_state_dict(state)
+    assert list(resumed) == first[10:] and len(resumed) == 40
+
+
+# -- device rules -----------------------------------------------------------------------------
+def test_float64_is_refused_for_mps_by_name() -> None:
+    with pytest.raises(ConfigError, match="weights"):
+        MpsDevice().check_dtype(torch.zeros(2, dtype=torch.float64), "weights")
+    MpsDevice().check_dtype(torch.zeros(2, dtype=torch.float32), "weights")
+    check_tensor(torch.zeros(2, dtype=torch.float64), "cpu tensors may be float64")
+
+
+# -- the example's data -----------------------------------------------------------------------
+def write_idx(path, array: torch.Tensor) -> None:
+    header = bytes([0, 0, 8, array.dim()]) + struct.pack(f">{array.dim()}I", *array.shape)
+    data = header + bytes(array.flatten().tolist())
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(data)
+
+
+def test_mnist_example_reads_idx_files_raw_or_gzipped_with_plain_python(tmp_path) -> None:
+    g = torch.Generator().manual_seed(0)
+    for name, shape, gz in (("train-images-idx3-ubyte", (600, 28, 28), True), ("train-labels-idx1-ubyte", (600,), False),
+                            ("t10k-images-idx3-ubyte", (100, 28, 28), True), ("t10k-labels-idx1-ubyte", (100,), False)):
+        high = 10 if "labels" in name else 256
+        write_idx(tmp_path / (name + (".gz" if gz else "")), torch.randint(0, high, shape, generator=g))
+    sys.path.insert(0, str(MNIST.parent))
+    import data  # the example's own module
+
+    (x, y), (xt, yt) = data.load_idx_dir(str(tmp_path))
+    assert x.shape == (600, 1, 28, 28) and x.dtype == torch.float32 and y.shape == (600,) and xt.shape[0] == 100
+    raw = torch.tensor(list(gzip.open(tmp_path / "train-images-idx3-ubyte.gz").read()[16:16 + 784]))
+    assert torch.allclose(x[0].flatten(), (raw.float() / 255 - data.MEAN) / data.STD)
+    out = subprocess.run([sys.executable, str(MNIST), "--epochs", "1", "--data-url", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"MNIST from {tmp_path}" in out.stdout and "test accuracy" in out.stdout
