@@ -1,19 +1,21 @@
-"""The ``macfleet`` command line.
+"""The ``macfleet`` command line: ``launch`` and ``doctor``.
 
-Every option can also come from an environment variable (``MACFLEET_<OPTION>``), shown in
-``--help``. User mistakes are one-line usage errors, never tracebacks.
+Every option can also come from an environment variable (``MACFLEET_<COMMAND>_<OPTION>``,
+shown in ``--help``). User mistakes are one-line usage errors, never tracebacks.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any, Callable
 
 import click
 
 from macfleet.env import DEVICES
-from macfleet.launcher.hosts import Host, parse_hosts
+from macfleet.launcher.hosts import Host, parse_hostfile, parse_hosts
 from macfleet.launcher.launch import LaunchConfig, run_job
+from macfleet.launcher.remote import SshOptions
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MACFLEET"})
@@ -22,11 +24,66 @@ def main() -> None:
     """Train one PyTorch model on one or several Macs."""
 
 
+def host_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Where to run and how to get there: shared by every command that starts a job."""
+    options = [
+        click.option("--nproc", type=click.IntRange(min=1), default=None,
+                     help="Training processes per host (the slots of hosts that give none) [default: 1]."),
+        click.option("--hosts", default=None, metavar="[USER@]HOST[:SLOTS],...",
+                     help="Hosts in rank order, e.g. mac1:2,mac2:2. Default: this Mac only."),
+        click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="Hosts from a file: 'host slots=N [addr=IP]' per line, # comments."),
+        click.option("--ssh-port", type=click.IntRange(1, 65535), default=None, help="ssh port of the remote hosts."),
+        click.option("--ssh-identity", type=click.Path(dir_okay=False), default=None, help="ssh private key."),
+        click.option("--ssh-option", "ssh_options", multiple=True, metavar="KEY=VALUE",
+                     help="Extra ssh -o option (repeatable)."),
+        click.option("--ssh-connect-timeout", type=click.IntRange(1, 600), default=10, show_default=True,
+                     help="Seconds to wait for an ssh connection."),
+        click.option("--python", "python", default=sys.executable, show_default=True,
+                     help="Python interpreter on the hosts (with macfleet and torch installed)."),
+        click.option("--cwd", default=None, help="Working directory on every host [default: the current one]."),
+        click.option("--data-addr", default=None, help="This Mac's data-plane address (e.g. a Thunderbolt bridge IP)."),
+        click.option("--data-iface", default=None, help="Train over this interface on every host (e.g. bridge0)."),
+        click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Extra environment for every rank."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def make_config(script: str, script_args: list[str], nproc: int | None, hosts: str | None,
+                hostfile: str | None, ssh_port: int | None, ssh_identity: str | None,
+                ssh_options: tuple[str, ...], ssh_connect_timeout: int, python: str, cwd: str | None,
+                data_addr: str | None, data_iface: str | None, env_pairs: tuple[str, ...], **rest: Any) -> LaunchConfig:
+    if hosts and hostfile:
+        raise click.UsageError("give --hosts or --hostfile, not both")
+    try:
+        if hosts:
+            host_list = parse_hosts(hosts, nproc or 1)
+        elif hostfile:
+            host_list = parse_hostfile(hostfile, nproc or 1)
+        else:
+            host_list = [Host("localhost", nproc or 1)]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--hostfile" if hostfile else "--hosts") from None
+    env: dict[str, str] = {}
+    for pair in env_pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise click.BadParameter(f"{pair!r} is not K=V", param_hint="--env")
+        env[key] = value
+    for option in ssh_options:
+        if "=" not in option:
+            raise click.BadParameter(f"{option!r} is not KEY=VALUE", param_hint="--ssh-option")
+    ssh = SshOptions(port=ssh_port, identity=ssh_identity, options=list(ssh_options),
+                     connect_timeout_s=ssh_connect_timeout)
+    return LaunchConfig(hosts=host_list, script=script, args=list(script_args), python=python,
+                        cwd=os.path.abspath(cwd or os.getcwd()), env=env, ssh=ssh, data_addr=data_addr,
+                        data_iface=data_iface, **rest)
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--nproc", type=click.IntRange(min=1), default=None,
-              help="Training processes per host (single-Mac mode: how many share this Mac's GPU).")
-@click.option("--hosts", default=None, metavar="HOST[:SLOTS],...",
-              help="Hosts to train on, in rank order, e.g. mac1:2,mac2:2 (several-Mac mode).")
+@host_options
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True, show_envvar=True,
               help="Device of every rank: auto picks mps, then cuda, then cpu.")
 @click.option("--seed", type=int, default=0, show_default=True, show_envvar=True,
@@ -35,35 +92,38 @@ def main() -> None:
               help="Each process's share of its GPU's memory [default: 0.9 / processes per host].")
 @click.option("--heartbeat-timeout", type=click.FloatRange(min=1.0), default=10.0, show_default=True,
               show_envvar=True, help="Seconds without a heartbeat before a rank or host counts as lost.")
-@click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Extra environment for every rank.")
+@click.option("--allow-version-mismatch", is_flag=True, help="Run even if hosts have different torch/macfleet.")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def launch(nproc: int | None, hosts: str | None, device: str, seed: int, memory_fraction: float | None,
-           heartbeat_timeout: float, env_pairs: tuple[str, ...], script: str, script_args: tuple[str, ...]) -> None:
+def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, memory_fraction: float | None,
+           heartbeat_timeout: float, allow_version_mismatch: bool, **hosts: Any) -> None:
     """Run SCRIPT [ARGS]... as one data-parallel job.
 
     \b
     macfleet launch --nproc 2 examples/mnist/train.py --epochs 1
+    macfleet launch --hosts mac1:2,mac2:2 examples/mnist/train.py
     """
     if not os.path.isfile(script):
         raise click.BadParameter(f"no such file: {script}", param_hint="SCRIPT")
-    try:
-        host_list = parse_hosts(hosts, nproc or 1) if hosts else [Host("localhost", nproc or 1)]
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--hosts") from None
-    if any(not h.is_local for h in host_list):
-        raise click.UsageError("remote hosts are not supported yet; use localhost entries or --nproc")
-    env: dict[str, str] = {}
-    for pair in env_pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.isidentifier():
-            raise click.BadParameter(f"{pair!r} is not K=V", param_hint="--env")
-        env[key] = value
-    cfg = LaunchConfig(
-        hosts=host_list, script=os.path.abspath(script), args=list(script_args), device=device, seed=seed,
-        memory_fraction=memory_fraction, env=env, heartbeat_timeout_s=heartbeat_timeout,
-    )
-    sys.exit(run_job(cfg))
+    cfg = make_config(os.path.abspath(script), list(script_args), device=device, seed=seed,
+                      memory_fraction=memory_fraction, heartbeat_timeout_s=heartbeat_timeout,
+                      allow_version_mismatch=allow_version_mismatch, **hosts)
+    sys.exit(run_job(cfg).code)
+
+
+@main.command()
+@host_options
+@click.option("--megabytes", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="Bulk transfer per link for the bandwidth measurement.")
+def doctor(megabytes: int, **hosts: Any) -> None:
+    """Check hosts before training: ssh, versions, devices, addresses, and every ring link."""
+    from macfleet.launcher.doctor import run_doctor
+
+    hosts["nproc"] = 1  # one rank per host: the probe measures links between hosts
+    cfg = make_config("-m", ["macfleet.workers.linkprobe", "--megabytes", str(megabytes)],
+                      allow_version_mismatch=True, device="cpu", **hosts)
+    cfg.hosts = [Host(h.name, 1, h.user, h.addr) for h in cfg.hosts]
+    sys.exit(run_doctor(cfg))
 
 
 if __name__ == "__main__":

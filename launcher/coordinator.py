@@ -34,10 +34,11 @@ class Peer:
     last_seq: int = -1
     last_seen: float = field(default_factory=time.monotonic)
     watched: bool = True  # heartbeats expected
+    told_abort: bool = False
 
 
 class Coordinator:
-    def __init__(self, ctx: zmq.Context, bind_addr: str, secret: bytes, job_id: str, world_size: int,
+    def __init__(self, ctx: zmq.Context, bind_addrs: list[str], secret: bytes, job_id: str, world_size: int,
                  num_agents: int, heartbeat_timeout_s: float = 10.0) -> None:
         self.secret, self.job_id = secret, job_id
         self.world_size, self.num_agents = world_size, num_agents
@@ -46,8 +47,10 @@ class Coordinator:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket.setsockopt(zmq.MAXMSGSIZE, protocol.CONTROL_MAX_BYTES)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.bind(f"tcp://{bind_addr}:*")
-        self.endpoint: str = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoints: dict[str, str] = {}
+        for addr in bind_addrs:  # only the addresses that route to the job's hosts
+            self.socket.bind(f"tcp://{addr}:*")
+            self.endpoints[addr] = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.peers: dict[str, Peer] = {}  # "agent-3", "rank-7"
         self.hellos: dict[int, dict[str, Any]] = {}
         self.registered: dict[int, dict[str, str]] = {}
@@ -57,7 +60,18 @@ class Coordinator:
         self.dropped = 0
         self.started = False
         self.aborted: str | None = None
+        self._abort_rank: int | None = None
+        self.hosts: dict[int, str] = {}  # rank -> host name, from registrations
+        self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
         self._seq = 0
+        self._next_beat = 0.0
+
+    def endpoint_for(self, addr: str) -> str:
+        """The endpoint an agent that reaches us through ``addr`` connects to."""
+        if addr in self.endpoints:
+            return self.endpoints[addr]
+        port = next(iter(self.endpoints.values())).rsplit(":", 1)[1]
+        return f"tcp://{addr or '127.0.0.1'}:{port}"
 
     # -- the loop ---------------------------------------------------------------------------
     def poll(self, timeout_s: float) -> None:
@@ -73,6 +87,10 @@ class Coordinator:
             except wire.BadMessage:
                 self.dropped += 1
         self._check_heartbeats()
+        if time.monotonic() >= self._next_beat:  # agents stop their ranks if we fall silent
+            self._next_beat = time.monotonic() + protocol.HEARTBEAT_S
+            for name in [n for n in self.peers if n.startswith("agent-")]:
+                self.send(name, protocol.BEAT)
 
     def _handle(self, frames: list[bytes]) -> None:
         if len(frames) != 3:
@@ -97,10 +115,13 @@ class Coordinator:
             protocol.DONE: self._on_done,
             protocol.BYE: lambda m, p: setattr(p, "watched", False),
             protocol.BEAT: lambda m, p: None,
+            protocol.REPORT: self._on_report,
         }.get(kind)
         if handler is None:
             raise wire.BadMessage(f"unknown kind {kind!r}")
         handler(msg, peer)
+        if self.aborted is not None and not peer.told_abort:  # e.g. an agent whose hello came after the abort
+            self._send_abort(sender, peer)
 
     def _on_hello(self, msg: dict[str, Any], peer: Peer) -> None:
         index = msg.get("host_index")
@@ -120,10 +141,24 @@ class Coordinator:
         if not isinstance(rank, int) or not 0 <= rank < self.world_size or not isinstance(endpoints, dict):
             raise wire.BadMessage("bad registration")
         self.registered[rank] = {str(k): str(v) for k, v in endpoints.items()}
+        self.hosts[rank] = str(msg.get("host", "?"))
         if len(self.registered) == self.world_size:
             table = [[r, eps] for r, eps in sorted(self.registered.items())]
             for r in range(self.world_size):
                 self.send(f"rank-{r}", protocol.PEERS, table=table)
+
+    def _on_report(self, msg: dict[str, Any], peer: Peer) -> None:
+        rank = msg.get("rank")
+        if isinstance(rank, int):
+            self.reports[rank] = dict(msg.get("data") or {})
+
+    def ring_table(self) -> str:
+        lines = [f"ring of {self.world_size} ranks:", f"  {'rank':>4}  {'host':<24} data address"]
+        for rank in range(self.world_size):
+            endpoint = next(iter(self.registered.get(rank, {}).values()), "?")
+            addr = endpoint.removeprefix("tcp://").rsplit(":", 1)[0]
+            lines.append(f"  {rank:>4}  {self.hosts.get(rank, '?'):<24} {addr}")
+        return "\n".join(lines)
 
     def _on_exit(self, msg: dict[str, Any], peer: Peer) -> None:
         exit_ = WorkerExit.from_fields(msg)
@@ -158,9 +193,13 @@ class Coordinator:
     def abort(self, reason: str, rank: int | None = None) -> None:
         if self.aborted is not None:
             return
-        self.aborted = reason
-        for name in list(self.peers):
-            self.send(name, protocol.ABORT, reason=reason, rank=rank)
+        self.aborted, self._abort_rank = reason, rank
+        for name, peer in list(self.peers.items()):
+            self._send_abort(name, peer)
+
+    def _send_abort(self, name: str, peer: Peer) -> None:
+        peer.told_abort = True
+        self.send(name, protocol.ABORT, reason=self.aborted, rank=self._abort_rank)
 
     def send(self, name: str, kind: str, **fields: Any) -> None:
         peer = self.peers.get(name)

@@ -8,21 +8,26 @@ from __future__ import annotations
 
 import os
 import secrets
-import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import zmq
 
 from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
-from macfleet.launcher.report import failure_report
+from macfleet.launcher.remote import SshOptions, resolve, ssh_command
+from macfleet.netaddr import route_source
+from macfleet.launcher.report import failure_report, facts_table, versions_differ
 from macfleet.protocol import AgentSpec
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+FORWARDED_PREFIXES = ("MACFLEET_", "PYTORCH_")  # reach remote ranks, whose environment is sshd's
 
 
 @dataclass
@@ -36,9 +41,14 @@ class LaunchConfig:
     python: str = sys.executable
     cwd: str = field(default_factory=os.getcwd)
     env: dict[str, str] = field(default_factory=dict)
+    ssh: SshOptions = field(default_factory=SshOptions)
+    data_addr: str | None = None   # the launching host's data-plane address
+    data_iface: str | None = None  # every host binds to this interface's address
+    allow_version_mismatch: bool = False
     heartbeat_timeout_s: float = 10.0
     start_timeout_s: float = 60.0
     grace_s: float = 3.0
+    restart_count: int = 0
 
     @property
     def world_size(self) -> int:
@@ -50,49 +60,100 @@ class AgentProc:
     host: Host
     spec: AgentSpec
     proc: subprocess.Popen
+    tail: deque = field(default_factory=lambda: deque(maxlen=20))  # ssh's own error lines
+
+
+@dataclass
+class JobOutcome:
+    code: int
+    coordinator: Coordinator
 
 
 def log(message: str) -> None:
     print(f"macfleet: {message}", file=sys.stderr, flush=True)
 
 
-def start_agent(spec: AgentSpec, host: Host, python: str) -> subprocess.Popen:
-    """Start the agent for ``host`` and hand it its spec on stdin (kept open: its EOF means we died)."""
-    command = [python, "-m", "macfleet.workers.agent"]
-    proc = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
+def start_agent(spec: AgentSpec, host: Host, cfg: LaunchConfig) -> AgentProc:
+    """Start the agent for ``host`` and hand it its spec on stdin, which stays open: its EOF
+    tells the agent that we (or the ssh connection) died."""
+    command = [spec.python, "-m", "macfleet.workers.agent"]
+    if host.is_local:
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True, cwd=spec.cwd)
+    else:
+        proc = subprocess.Popen(ssh_command(host, cfg.ssh, spec.cwd, command), stdin=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    agent = AgentProc(host, spec, proc)
+    if proc.stderr is not None:
+        threading.Thread(target=_relay_stderr, args=(agent,), daemon=True).start()
     assert proc.stdin is not None
-    proc.stdin.write((spec.to_json() + "\n").encode())
-    proc.stdin.flush()
-    return proc
+    try:
+        proc.stdin.write((spec.to_json() + "\n").encode())
+        proc.stdin.flush()
+    except BrokenPipeError:
+        pass  # ssh already failed; supervision reports it with ssh's own words
+    return agent
 
 
-def run_job(cfg: LaunchConfig) -> int:
+def _relay_stderr(agent: AgentProc) -> None:
+    assert agent.proc.stderr is not None
+    for raw in iter(agent.proc.stderr.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        if not line.startswith("[rank "):
+            agent.tail.append(line)
+        print(line, file=sys.stderr, flush=True)
+
+
+def plan_addresses(cfg: LaunchConfig) -> tuple[list[str], list[str], list[str]]:
+    """For each host: the data-plane address and the coordinator address its agent connects to;
+    plus the addresses the coordinator binds (never all interfaces)."""
+    resolved = [None if h.is_local else resolve(h, cfg.ssh) for h in cfg.hosts]
+    remote_ips = [ip for ip in resolved if ip]
+    data, control = [], []
+    for host, ip in zip(cfg.hosts, resolved):
+        if host.is_local:
+            default = route_source(remote_ips[0]) if remote_ips else "127.0.0.1"
+            data.append(host.addr or cfg.data_addr or default)
+            control.append("127.0.0.1")
+        else:
+            data.append(host.addr or ip or "")  # "": the agent picks the address routing to us
+            control.append(route_source(ip) if ip else "0.0.0.0")
+    binds = sorted(set(control))
+    if "0.0.0.0" in binds:
+        binds = ["0.0.0.0"]  # a host we could not resolve: only a wildcard is sure to be reachable
+        log("warning: could not resolve every host; the coordinator listens on all interfaces")
+    return data, control, binds
+
+
+def run_job(cfg: LaunchConfig, on_ready: Callable[[Coordinator], None] | None = None) -> JobOutcome:
     job_id = secrets.token_hex(6)
     secret = secrets.token_bytes(32)
     ctx = zmq.Context()
-    control_addr = "127.0.0.1" if all(h.is_local for h in cfg.hosts) else "0.0.0.0"
-    coord = Coordinator(ctx, control_addr, secret, job_id, cfg.world_size, len(cfg.hosts), cfg.heartbeat_timeout_s)
-    port = coord.endpoint.rsplit(":", 1)[1]
+    data_addrs, control_addrs, binds = plan_addresses(cfg)
+    coord = Coordinator(ctx, binds, secret, job_id, cfg.world_size, len(cfg.hosts), cfg.heartbeat_timeout_s)
     interrupted: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
         interrupted.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
     agents: list[AgentProc] = []
     try:
         rank_base = 0
         for index, host in enumerate(cfg.hosts):
+            connect = control_addrs[index] if control_addrs[index] != "0.0.0.0" else ""
             spec = AgentSpec(
-                job_id=job_id, coordinator=f"tcp://127.0.0.1:{port}", secret_hex=secret.hex(), host_index=index,
-                host=host.name, data_addr=host.addr or "127.0.0.1", rank_base=rank_base, slots=host.slots,
-                world_size=cfg.world_size, script=cfg.script, args=list(cfg.args), device=cfg.device,
-                seed=cfg.seed, memory_fraction=cfg.memory_fraction, cwd=cfg.cwd, python=cfg.python,
-                env=dict(cfg.env), grace_s=cfg.grace_s, prefix_host=len(cfg.hosts) > 1,
+                job_id=job_id, coordinator=coord.endpoint_for(connect), secret_hex=secret.hex(),
+                host_index=index, host=host.name, data_addr=data_addrs[index], data_iface=cfg.data_iface,
+                rank_base=rank_base, slots=host.slots, world_size=cfg.world_size, script=cfg.script,
+                args=list(cfg.args), device=cfg.device, seed=cfg.seed, memory_fraction=cfg.memory_fraction,
+                cwd=cfg.cwd, python=cfg.python, restart_count=cfg.restart_count, env={**forwarded, **cfg.env},
+                grace_s=cfg.grace_s, prefix_host=len(cfg.hosts) > 1, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
             )
-            agents.append(AgentProc(host, spec, start_agent(spec, host, cfg.python)))
+            agents.append(start_agent(spec, host, cfg))
             rank_base += host.slots
-        return _supervise(cfg, coord, agents, interrupted)
+        code = _supervise(cfg, coord, agents, interrupted, on_ready)
+        return JobOutcome(code, coord)
     finally:
         for agent in agents:
             _stop_agent(agent)
@@ -102,35 +163,59 @@ def run_job(cfg: LaunchConfig) -> int:
             signal.signal(s, handler)
 
 
-def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], interrupted: list[int]) -> int:
+def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], interrupted: list[int],
+               on_ready: Callable[[Coordinator], None] | None) -> int:
     started_at = time.monotonic()
     abort_at: float | None = None
+    ring_shown = False
     while True:
         coord.poll(0.05)
         if interrupted and coord.aborted is None:
-            log(f"{signal.Signals(interrupted[0]).name} received, stopping every rank")
+            log(f"{signal.Signals(interrupted[0]).name} received, stopping every rank on every host")
             coord.abort("stopped by the user")
-        if not coord.started:
+        if not coord.started and coord.aborted is None:
             if len(coord.hellos) == len(agents):
-                coord.start_agents(master_addr=agents[0].spec.data_addr)
-            elif time.monotonic() - started_at > cfg.start_timeout_s and coord.aborted is None:
+                _start(cfg, coord, agents)
+            elif time.monotonic() - started_at > cfg.start_timeout_s:
                 missing = [a.host.name for i, a in enumerate(agents) if i not in coord.hellos]
                 coord.fail(Failure(time.time(), f"no agent answered from {', '.join(missing)} "
                                                 f"within {cfg.start_timeout_s:.0f} s"))
+        if not ring_shown and len(coord.registered) == cfg.world_size:
+            ring_shown = True
+            if len(agents) > 1:
+                log(coord.ring_table())
+            if on_ready is not None:
+                on_ready(coord)
         for index, agent in enumerate(agents):
             if agent.proc.poll() is not None and index not in coord.agents_done and coord.aborted is None:
-                coord.fail(Failure(time.time(), f"the agent on {agent.host.name} exited unexpectedly "
-                                                f"(code {agent.proc.returncode})"))
+                coord.fail(Failure(time.time(), _agent_lost(agent)))
         if coord.aborted is not None and abort_at is None:
             abort_at = time.monotonic()
-        all_down = all(a.proc.poll() is not None for a in agents)
-        if all_down:
+        if all(a.proc.poll() is not None for a in agents):
             coord.poll(0.05)  # messages the agents sent just before exiting
             break
         if abort_at is not None and time.monotonic() - abort_at > 2 * cfg.grace_s + 5:
             log("agents did not stop in time; killing them")
             break
     return _result(cfg, coord, interrupted)
+
+
+def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> None:
+    facts = [coord.hellos[i].get("facts", {}) for i in range(len(agents))]
+    names = [a.host.name for a in agents]
+    if versions_differ(facts) and not cfg.allow_version_mismatch:
+        log("hosts disagree on versions (--allow-version-mismatch to run anyway):\n" + facts_table(names, facts))
+        coord.fail(Failure(time.time(), "hosts run different torch or macfleet versions"))
+        return
+    coord.start_agents(master_addr=coord.hellos[0].get("data_addr") or agents[0].spec.data_addr)
+
+
+def _agent_lost(agent: AgentProc) -> str:
+    code = agent.proc.returncode
+    if not agent.host.is_local and code == 255:
+        detail = next((line for line in reversed(agent.tail) if line.strip()), "no message")
+        return f"cannot reach {agent.host.ssh_target} over ssh: {detail}"
+    return f"the agent on {agent.host.name} exited unexpectedly (code {code})"
 
 
 def _result(cfg: LaunchConfig, coord: Coordinator, interrupted: list[int]) -> int:
@@ -157,14 +242,10 @@ def _stop_agent(agent: AgentProc) -> None:
     except OSError:
         pass
     try:
-        agent.proc.wait(timeout=agent.spec.grace_s * 2 + 2)
+        agent.proc.wait(timeout=agent.spec.grace_s * 2 + 3)
     except subprocess.TimeoutExpired:
         try:
             os.killpg(agent.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         agent.proc.wait()
-
-
-def quote(args: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in args)

@@ -24,7 +24,7 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
     else:
         lines.append("  " + root.reason)
     others = []
-    for rank in range(world_size):
+    for rank in range(world_size if exits else 0):  # no exits: no rank ever started
         e = exits.get(rank)
         if root.exit is not None and rank == root.exit.rank:
             continue
@@ -37,3 +37,29 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
         lines += ["other ranks:", *others]
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+VERSION_KEYS = ("torch", "macfleet")
+
+
+def versions_differ(facts: list[dict]) -> bool:
+    return any(len({str(f.get(key)) for f in facts}) > 1 for key in VERSION_KEYS)
+
+
+def facts_table(names: list[str], facts: list[dict]) -> str:
+    """One row per host. In a column whose values differ, ``<-`` marks the odd ones out: the
+    values other than the one most hosts share, or every value when no one value leads."""
+    columns = ("python", "torch", "macfleet", "os")
+    marked: dict[str, set[str]] = {}
+    for c in columns:
+        values = [str(f.get(c)) for f in facts]
+        counts = sorted(((values.count(v), v) for v in set(values)), reverse=True)
+        if len(counts) > 1 and c != "os":
+            leader = counts[0][1] if counts[0][0] > counts[1][0] else None
+            marked[c] = {v for _, v in counts if v != leader}
+    rows = [("host", *columns)]
+    for name, f in zip(names, facts):
+        rows.append((name, *(str(f.get(c)) + (" <-" if str(f.get(c)) in marked.get(c, ()) else "")
+                             for c in columns)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)

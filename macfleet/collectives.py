@@ -84,7 +84,7 @@ class Collectives:
         work_dtype = WORK_DTYPE.get(tensor.dtype, tensor.dtype)
         numel = tensor.numel()
         with self._lock:
-            op_id = self._next_op()
+            op_id = self.next_op()
             if numel == 0:
                 return tensor
             work, raw = self._host.get("reduce", numel, work_dtype)
@@ -106,7 +106,7 @@ class Collectives:
         if not 0 <= src < self.world:
             raise ConfigError(f"broadcast src={src} is not a rank of this job (world size {self.world})")
         with self._lock:
-            op_id = self._next_op()
+            op_id = self.next_op()
             if tensor.numel() == 0:
                 return tensor
             work, raw = self._host.get("broadcast", tensor.numel(), tensor.dtype)
@@ -135,7 +135,7 @@ class Collectives:
         self._check(tensor, name)
         out = torch.empty((self.world, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
         with self._lock:
-            op_id = self._next_op()
+            op_id = self.next_op()
             if tensor.numel() == 0:
                 return out
             blocks, raw = self._host.get("gather", self.world * tensor.numel(), tensor.dtype)
@@ -234,7 +234,8 @@ class Collectives:
         trackers.wait_all()
 
     # -- helpers ----------------------------------------------------------------------------
-    def _next_op(self) -> int:
+    def next_op(self) -> int:
+        """A new op id; every rank must draw them in the same order."""
         self._op += 1
         return self._op
 

@@ -13,6 +13,8 @@ Flow of one job::
     agent  -> coordinator   exit     {rank, pid, code, signal, error}  (per worker exit)
     agent  -> coordinator   done     {}                                (all its workers have exited)
     worker -> coordinator   bye      {}                                (shutdown: stop watching my beats)
+    worker -> coordinator   report   {rank, data}                      (measurements, for macfleet doctor)
+    coord  -> agent         beat     {}                                (every HEARTBEAT_S: the launcher lives)
     coord  -> everyone      abort    {reason, rank}                    (any failure, or Ctrl-C)
 """
 
@@ -31,6 +33,7 @@ EXIT = "exit"
 DONE = "done"
 ABORT = "abort"
 BYE = "bye"
+REPORT = "report"
 
 HEARTBEAT_S = 1.0
 # Control messages are small; anything bigger is an attack or a bug (libzmq would otherwise
@@ -50,7 +53,7 @@ class AgentSpec:
     secret_hex: str
     host_index: int
     host: str
-    data_addr: str
+    data_addr: str  # "" = the address this host routes to the coordinator from
     rank_base: int
     slots: int
     world_size: int
@@ -65,6 +68,8 @@ class AgentSpec:
     env: dict[str, str] = field(default_factory=dict)
     grace_s: float = 3.0
     prefix_host: bool = False  # several hosts: prefix lines with the host too
+    data_iface: str | None = None  # bind the data plane to this interface's address instead
+    heartbeat_timeout_s: float = 10.0  # the agent stops its ranks when the launcher is silent this long
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

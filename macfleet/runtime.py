@@ -69,7 +69,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     dev = backends.select(device or env.device, env.local_rank)
     dev.apply_memory_fraction(env.memory_fraction)
     dev.seed(env.seed + env.rank)
-    if not env.distributed:
+    if env.coordinator is None:  # plain `python train.py`: a job of one, nobody to talk to
         _runtime = Runtime(env, dev, None, None, None)
         return _runtime
 
@@ -78,25 +78,31 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
         raise ConfigError(f"streams must be >= 1, not {streams}")
     ctx = zmq.Context(io_threads=max(1, min(4, streams)))
     liveness = Liveness()
-    ring = Ring(ctx, env.rank, env.world_size, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id,
-                liveness, timeout_s or DEFAULT_TIMEOUT_S)
+    ring = None
+    if env.world_size > 1:
+        ring = Ring(ctx, env.rank, env.world_size, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id,
+                    liveness, timeout_s or DEFAULT_TIMEOUT_S)
     control = _ControlThread(ctx, env, liveness)
     control.start()
     try:
-        table = control.register(ring.endpoints())
-        ring.connect(table)
-        ring.handshake()
+        table = control.register(ring.endpoints() if ring else {})
+        if ring is not None:
+            ring.connect(table)
+            ring.handshake()
     except BaseException:
         control.stop()
-        ring.close()
+        if ring is not None:
+            ring.close()
         ctx.destroy(linger=0)
         raise
-    collectives = Collectives(
-        ring,
-        chunk_bytes=min(MAX_FRAME_BYTES, _env_bytes("MACFLEET_CHUNK_BYTES", 4 << 20)),
-        small_bytes=_env_bytes("MACFLEET_SMALL_BYTES", 64 << 10),
-    )
-    control.progress = lambda: collectives.ops_done
+    collectives = None
+    if ring is not None:
+        collectives = Collectives(
+            ring,
+            chunk_bytes=min(MAX_FRAME_BYTES, _env_bytes("MACFLEET_CHUNK_BYTES", 4 << 20)),
+            small_bytes=_env_bytes("MACFLEET_SMALL_BYTES", 64 << 10),
+        )
+        control.progress = lambda: collectives.ops_done
     _runtime = Runtime(env, dev, collectives, control, ctx)
     atexit.register(shutdown)
     return _runtime
@@ -246,6 +252,13 @@ def all_gather(tensor: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     if rt.collectives is None:
         return tensor.unsqueeze(0).clone()
     return rt.collectives.all_gather(tensor, name)
+
+
+def report(data: dict[str, Any]) -> None:
+    """Send small measurements to the launcher (``macfleet doctor`` uses this)."""
+    rt = runtime()
+    if rt.control is not None:
+        rt.control.outbox.put((protocol.REPORT, {"rank": rt.rank, "data": data}))
 
 
 def barrier() -> None:

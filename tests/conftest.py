@@ -77,3 +77,39 @@ def no_leftover_processes():
         except (ProcessLookupError, ValueError):
             pass
     assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    """A real sshd on 127.0.0.1-3; in CI it must be there (.ci/run installs openssh-server)."""
+    import sshd as helper
+
+    if not helper.available():
+        if os.environ.get("CI"):
+            pytest.fail("sshd/ssh/ssh-keygen missing in CI: .ci/run should have installed openssh-server")
+        pytest.skip("no sshd on this machine (apt-get install openssh-server)")
+    server = helper.start_sshd(tmp_path_factory.mktemp("sshd"), ["127.0.0.1", "127.0.0.2", "127.0.0.3"])
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def netns_hosts(tmp_path_factory):
+    """Two hosts in their own network namespaces, each with its own sshd (where root and ip allow)."""
+    import netns
+    import sshd as helper
+
+    if not (helper.available() and netns.available()):
+        pytest.skip("needs root, iproute2 and sshd for network namespaces")
+    hosts = netns.create(2)
+    directory = tmp_path_factory.mktemp("netns-sshd")
+    servers = []
+    try:
+        port = helper.free_port()
+        for host in hosts:
+            servers.append(helper.start_sshd(directory, [host.addr], port=port, prefix=host.exec_prefix()))
+        yield hosts, servers[0]
+    finally:
+        for server in servers:
+            server.stop()
+        netns.destroy(2)

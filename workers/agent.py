@@ -28,7 +28,7 @@ from typing import IO
 
 import zmq
 
-from macfleet import protocol
+from macfleet import netaddr, protocol
 from macfleet.control import ControlClient
 from macfleet.protocol import AgentSpec, WorkerExit
 
@@ -61,10 +61,29 @@ def host_facts() -> dict[str, object]:
         "torch": version("torch"),
         "macfleet": version("macfleet"),
         "cpus": os.cpu_count(),
+        "memory_gb": _memory_gb(),
     }
 
 
-def worker_env(spec: AgentSpec, local_rank: int, master_addr: str, master_port: int, error_file: str) -> dict[str, str]:
+def _memory_gb() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def data_address(spec: AgentSpec) -> str:
+    """Where this host's ranks bind their ring sockets: never all interfaces."""
+    if spec.data_iface:
+        return netaddr.interface_address(spec.data_iface)
+    if spec.data_addr:
+        return spec.data_addr
+    host = spec.coordinator.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    return netaddr.route_source(host)
+
+
+def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: str, master_port: int,
+               error_file: str) -> dict[str, str]:
     """The environment contract of ``macfleet.env``, built here and nowhere else."""
     env = dict(os.environ)
     env.update(spec.env)
@@ -81,7 +100,7 @@ def worker_env(spec: AgentSpec, local_rank: int, master_addr: str, master_port: 
         "MACFLEET_DEVICE": spec.device,
         "MACFLEET_SEED": str(spec.seed),
         "MACFLEET_ERROR_FILE": error_file,
-        "MACFLEET_DATA_ADDR": spec.data_addr,
+        "MACFLEET_DATA_ADDR": data_addr,
         "MACFLEET_HOST": spec.host,
         "MACFLEET_AGENT_PID": str(os.getpid()),
         "MACFLEET_JOB_SECRET": spec.secret_hex,
@@ -114,14 +133,21 @@ class Agent:
         self.launcher_gone = threading.Event()
         self.stop_reason: str | None = None
         self._stop_started: float | None = None
+        self.data_addr = ""
+        self.last_heard = time.monotonic()
 
     def run(self) -> int:
         threading.Thread(target=self._watch_stdin, daemon=True).start()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
-        hello = {"host_index": self.spec.host_index, "facts": host_facts()}
+        try:
+            self.data_addr = data_address(self.spec)
+        except (ValueError, OSError) as exc:
+            print(f"macfleet agent on {self.spec.host}: {exc}", file=sys.stderr, flush=True)
+            return 2
+        hello = {"host_index": self.spec.host_index, "facts": host_facts(), "data_addr": self.data_addr}
         if self.spec.host_index == 0:
-            hello["master_port"] = _free_port(self.spec.data_addr)
+            hello["master_port"] = _free_port(self.data_addr)
         self.client.send(protocol.HELLO, **hello)
         start = self._wait_for_start()
         if start is None:
@@ -137,21 +163,34 @@ class Agent:
             if time.monotonic() >= next_beat:
                 self.client.send(protocol.BEAT, progress=0)
                 next_beat = time.monotonic() + protocol.HEARTBEAT_S
-            msg = self.client.recv(0.1)
+            msg = self._listen(0.1)
+            if msg is not None and msg.get("kind") == protocol.START:
+                return msg
+        return None
+
+    def _listen(self, timeout_s: float) -> dict | None:
+        """One message from the coordinator, noting aborts and whether the launcher still lives."""
+        msg = self.client.recv(timeout_s)
+        now = time.monotonic()
+        if msg is not None:
+            self.last_heard = now
+            if msg.get("kind") == protocol.ABORT and self.stop_reason is None:
+                self.stop_reason = str(msg.get("reason"))
+        if self.stop_reason is None:
             if self.launcher_gone.is_set():
                 self.stop_reason = "launcher gone"
-            elif msg is not None and msg.get("kind") == protocol.START:
-                return msg
-            elif msg is not None and msg.get("kind") == protocol.ABORT:
-                self.stop_reason = str(msg.get("reason"))
-        return None
+            elif now - self.last_heard > self.spec.heartbeat_timeout_s:
+                self.stop_reason = "launcher gone"  # silent: dead, or the network to it is cut
+                print(f"macfleet agent on {self.spec.host}: no word from the launcher for "
+                      f"{self.spec.heartbeat_timeout_s:.0f} s; stopping this host's ranks", file=sys.stderr, flush=True)
+        return msg
 
     def _spawn(self, local_rank: int, master_addr: str, master_port: int) -> None:
         rank = self.spec.rank_base + local_rank
         error_file = os.path.join(self.tmpdir, f"error-{rank}.json")
         proc = subprocess.Popen(
             [self.spec.python, "-m", "macfleet.workers.bootstrap", self.spec.script, *self.spec.args],
-            env=worker_env(self.spec, local_rank, master_addr, master_port, error_file),
+            env=worker_env(self.spec, local_rank, self.data_addr, master_addr, master_port, error_file),
             cwd=self.spec.cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -186,11 +225,7 @@ class Agent:
             if time.monotonic() >= next_beat:
                 self.client.send(protocol.BEAT, progress=0)
                 next_beat = time.monotonic() + protocol.HEARTBEAT_S
-            msg = self.client.recv(0.05)
-            if msg is not None and msg.get("kind") == protocol.ABORT and self.stop_reason is None:
-                self.stop_reason = str(msg.get("reason"))
-            if self.launcher_gone.is_set() and self.stop_reason is None:
-                self.stop_reason = "launcher gone"
+            self._listen(0.05)
             self._reap()
             if self.stop_reason is not None:
                 self._stop_workers()

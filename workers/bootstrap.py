@@ -1,6 +1,7 @@
 """Start a training script the way ``python script.py args`` would, recording how it fails.
 
-``python -m macfleet.workers.bootstrap SCRIPT [ARGS...]`` runs SCRIPT as ``__main__``. An
+``python -m macfleet.workers.bootstrap SCRIPT [ARGS...]`` runs SCRIPT as ``__main__`` (and
+``... bootstrap -m MODULE [ARGS...]`` a module, as ``python -m`` would). An
 uncaught exception is printed as Python would (its traceback starting at the script, without
 the bootstrap's own frames) and written to ``MACFLEET_ERROR_FILE`` for the launcher's
 report. Imports no torch: the environment the agent prepared must be in place before the
@@ -9,6 +10,7 @@ script imports it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import sys
@@ -20,11 +22,18 @@ from macfleet import errorfile
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: python -m macfleet.workers.bootstrap SCRIPT [ARGS...]")
+    module = sys.argv[2] if sys.argv[1] == "-m" and len(sys.argv) > 2 else None
     script = os.path.abspath(sys.argv[1])
-    sys.argv = sys.argv[1:]
-    sys.path[0] = os.path.dirname(script)  # as `python script.py` does
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module is not None:
+            sys.argv = sys.argv[2:]
+            spec = importlib.util.find_spec(module)
+            script = os.path.abspath(spec.origin) if spec and spec.origin else module
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = sys.argv[1:]
+            sys.path[0] = os.path.dirname(script)  # as `python script.py` does
+            runpy.run_path(script, run_name="__main__")
     except SystemExit:
         raise
     except BaseException as exc:

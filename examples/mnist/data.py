@@ -140,10 +140,12 @@ def synthetic_digits(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = angle.cos(), angle.sin()
         m = torch.stack([torch.stack([cos * aspect, -sin + shear], -1), torch.stack([sin * aspect, cos], -1)], -2)
         pts = (seg - 0.5) @ (m * scale[:, None, None]).transpose(1, 2)[:, None] + shift[:, None, None]
-        a, d = pts[:, :, 0], pts[:, :, 1] - pts[:, :, 0]  # [b, K, 2]
-        rel = pixels[None, :, None, :] - a[:, None]  # [b, 784, K, 2]
-        t = ((rel * d[:, None]).sum(-1) / (d * d).sum(-1).clamp_min(1e-6)[:, None]).clamp(0, 1)
-        dist = (rel - t[..., None] * d[:, None]).norm(dim=-1).amin(-1)  # [b, 784]
+        dist = torch.full((b, 28 * 28), float("inf"))
+        for k in range(pts.shape[1]):  # distance from every pixel to the nearest segment
+            a, d = pts[:, k, 0], pts[:, k, 1] - pts[:, k, 0]  # [b, 2]
+            rel = pixels[None] - a[:, None]  # [b, 784, 2]
+            t = ((rel @ d[:, :, None]).squeeze(-1) / (d * d).sum(-1, keepdim=True).clamp_min(1e-6)).clamp(0, 1)
+            dist = torch.minimum(dist, (rel - t[..., None] * d[:, None]).norm(dim=-1))
         width = 0.9 + 0.9 * torch.rand(b, 1, generator=g)
         images[idx] = (1.0 - (dist - width).clamp(0, 1.0)).clamp(0, 1)
     images = (images + 0.08 * torch.randn(images.shape, generator=g)).clamp(0, 1)

@@ -1,0 +1,87 @@
+"""``macfleet doctor``: check every host and ring link before a real job, and say what is wrong.
+
+First every remote host is tried over ssh, in parallel. If all answer, a probe job runs with
+one rank per host (``macfleet.workers.linkprobe``): the agents report versions and addresses,
+the ranks report devices and measure the link to their ring neighbour. One table comes out,
+with problems marked and a suggestion for each.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+from macfleet.launcher.hosts import Host
+from macfleet.launcher.launch import LaunchConfig, run_job
+from macfleet.launcher.remote import ssh_command
+from macfleet.launcher.report import VERSION_KEYS
+
+SLOW_GBIT_S = 2.0      # below this a link is probably Wi-Fi or a congested LAN
+HIGH_LATENCY_US = 1000.0
+
+
+def check_ssh(host: Host, cfg: LaunchConfig) -> str | None:
+    """None if ``host`` runs our Python over ssh, else what went wrong (ssh's own words)."""
+    if host.is_local:
+        return None
+    command = ssh_command(host, cfg.ssh, cfg.cwd, [cfg.python, "-c", "import macfleet, torch"])
+    try:
+        out = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                             timeout=cfg.ssh.connect_timeout_s + 60)
+    except subprocess.TimeoutExpired:
+        return "ssh did not answer"
+    if out.returncode == 0:
+        return None
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else f"ssh exited with code {out.returncode}"
+
+
+def run_doctor(cfg: LaunchConfig) -> int:
+    with ThreadPoolExecutor(len(cfg.hosts)) as pool:
+        reach = list(pool.map(lambda h: check_ssh(h, cfg), cfg.hosts))
+    if any(reach):
+        rows = [[h.ssh_target, "unreachable: " + err if err else "ok"] for h, err in zip(cfg.hosts, reach)]
+        print(_table(["host", "ssh"], rows))
+        print("\nfix: make `ssh HOST` work without a password (ssh-copy-id HOST), and install the same Python "
+              "environment with macfleet and torch on every host (--python names its interpreter).")
+        return 1
+    outcome = run_job(cfg)
+    coord = outcome.coordinator
+    facts = [dict(coord.hellos.get(i, {}).get("facts", {})) for i in range(len(cfg.hosts))]
+    majority = {k: max((str(f.get(k)) for f in facts), key=lambda v: sum(str(f.get(k)) == v for f in facts))
+                for k in VERSION_KEYS}
+    rows, advice = [], []
+    for i, host in enumerate(cfg.hosts):
+        probe = coord.reports.get(i, {})
+        problems = [f"{k} differs" for k in VERSION_KEYS if str(facts[i].get(k)) != majority[k]]
+        device = "mps" if probe.get("mps") else f"cuda x{probe['cuda']}" if probe.get("cuda") else "cpu only"
+        if probe and device == "cpu only":
+            problems.append("no GPU")
+        link = "-"
+        if "gbit_s" in probe:
+            link = f"{probe['latency_us']:.0f} us, {probe['gbit_s']:.2f} Gbit/s"
+            if probe["gbit_s"] < SLOW_GBIT_S or probe["latency_us"] > HIGH_LATENCY_US:
+                problems.append("slow link")
+        if not probe:
+            problems.append("probe failed")
+        rows.append([host.ssh_target, "ok", str(facts[i].get("python")), str(facts[i].get("torch")),
+                     str(facts[i].get("macfleet")), device, str(coord.hellos.get(i, {}).get("data_addr", "?")),
+                     f"-> {cfg.hosts[(i + 1) % len(cfg.hosts)].name}: {link}" if len(cfg.hosts) > 1 else "-",
+                     "!! " + ", ".join(problems) if problems else "ok"])
+        if any("differs" in p for p in problems):
+            advice.append(f"{host.name}: install the same torch and macfleet versions as the other hosts")
+        if "slow link" in problems:
+            advice.append(f"{host.name}: its link looks like Wi-Fi or a busy LAN; connect the Macs with Thunderbolt "
+                          f"or Ethernet and give that address as addr= in a hostfile (or --data-iface bridge0)")
+        if "no GPU" in problems:
+            advice.append(f"{host.name}: torch sees no MPS/CUDA device; this host would train on its CPU")
+    print(_table(["host", "ssh", "python", "torch", "macfleet", "device", "data address", "ring link", "status"], rows))
+    for line in advice:
+        print("suggestion: " + line)
+    failed = outcome.code != 0 or any(r[-1] != "ok" and ("differs" in r[-1] or "failed" in r[-1]) for r in rows)
+    return 1 if failed else 0
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows])

@@ -1,0 +1,59 @@
+"""Reaching other hosts: the ssh command line, and which addresses to use.
+
+The system ``ssh`` is used, so the user's ~/.ssh/config, keys and agent apply. It always runs
+with BatchMode (never a password prompt that would hang a job) and a connect timeout.
+Everything that crosses ssh is shell-quoted; the job secret goes over stdin, never argv.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+from dataclasses import dataclass, field
+
+from macfleet.launcher.hosts import Host
+
+
+@dataclass
+class SshOptions:
+    port: int | None = None
+    identity: str | None = None
+    options: list[str] = field(default_factory=list)  # extra `-o Key=Value`
+    connect_timeout_s: int = 10
+
+    def base(self) -> list[str]:
+        cmd = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.connect_timeout_s}",
+               # a silent network is noticed by ssh itself too, not only by our heartbeats
+               "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
+        if self.port:
+            cmd += ["-p", str(self.port)]
+        if self.identity:
+            cmd += ["-i", self.identity]
+        for option in self.options:
+            cmd += ["-o", option]
+        return cmd
+
+
+def ssh_command(host: Host, ssh: SshOptions, cwd: str, command: list[str]) -> list[str]:
+    """``ssh ... host 'cd CWD && exec COMMAND'`` with every word quoted for the remote shell."""
+    remote = f"cd {shlex.quote(cwd)} && exec {shlex.join(command)}"
+    return [*ssh.base(), host.ssh_target, remote]
+
+
+def resolve(host: Host, ssh: SshOptions) -> str | None:
+    """The IP address ssh would connect to for ``host`` (following ~/.ssh/config), or None."""
+    name = host.name
+    try:
+        out = subprocess.run([*ssh.base(), "-G", host.ssh_target], capture_output=True, text=True, timeout=10)
+        for line in out.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "hostname" and value:
+                name = value.strip()
+                break
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        return socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0]
+    except (OSError, IndexError):
+        return None

@@ -1,0 +1,71 @@
+"""Hosts in network namespaces, joined by veth links to a bridge: the closest thing to separate
+Macs on one machine. Needs root and `ip`; every name and address is ours and removed after.
+
+    root namespace: bridge mfbr0 at 10.77.0.1/24
+    namespace mfh1: 10.77.0.2 (veth mfv1 <-> mfv1p on the bridge)
+    namespace mfh2: 10.77.0.3 ...
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+BRIDGE = "mfbr0"
+SUBNET = "10.77.0"
+
+
+@dataclass
+class NetnsHost:
+    name: str
+    addr: str
+    veth: str  # its end of the link, inside the namespace
+
+    def exec_prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.name]
+
+
+def available() -> bool:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return False
+    probe = subprocess.run(["ip", "netns", "add", "mfprobe"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", "mfprobe"], capture_output=True)
+    return probe.returncode == 0
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+def create(count: int) -> list[NetnsHost]:
+    destroy(count)
+    _ip("link", "add", BRIDGE, "type", "bridge")
+    _ip("addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
+    _ip("link", "set", BRIDGE, "up")
+    hosts = []
+    for i in range(1, count + 1):
+        host = NetnsHost(f"mfh{i}", f"{SUBNET}.{i + 1}", f"mfv{i}")
+        _ip("netns", "add", host.name)
+        _ip("link", "add", host.veth, "type", "veth", "peer", "name", f"{host.veth}p")
+        _ip("link", "set", f"{host.veth}p", "master", BRIDGE)
+        _ip("link", "set", f"{host.veth}p", "up")
+        _ip("link", "set", host.veth, "netns", host.name)
+        _ip("netns", "exec", host.name, "ip", "addr", "add", f"{host.addr}/24", "dev", host.veth)
+        _ip("netns", "exec", host.name, "ip", "link", "set", host.veth, "up")
+        _ip("netns", "exec", host.name, "ip", "link", "set", "lo", "up")
+        hosts.append(host)
+    return hosts
+
+
+def set_link(host: NetnsHost, up: bool) -> None:
+    """Cut (or restore) a host's only link, as a pulled cable would."""
+    _ip("netns", "exec", host.name, "ip", "link", "set", host.veth, "up" if up else "down")
+
+
+def destroy(count: int) -> None:
+    for i in range(1, count + 1):
+        subprocess.run(["ip", "netns", "del", f"mfh{i}"], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"mfv{i}p"], capture_output=True)
+    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)

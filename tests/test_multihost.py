@@ -1,0 +1,123 @@
+"""Several Macs, played by loopback addresses behind a real sshd: ``--hosts`` through ssh."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import BIN, MNIST, job_processes, kill_group, launch_command, run_launch
+from test_training import STEPS, reference_parameters
+
+BEHAVE = str(BIN / "behave.py")
+MNIST_ARGS = [str(MNIST), "--epochs", "1", "--seed", "3"]
+
+
+def params(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path / "model.pt")["model"]
+
+
+def test_mnist_across_hosts_matches_the_single_host_run(sshd, tmp_path) -> None:
+    same = ["--env", "OMP_NUM_THREADS=1"]  # the same kernels everywhere, so results can be compared exactly
+    single = run_launch("--nproc", "4", *same, *MNIST_ARGS, "--train-url", str(tmp_path / "one"), timeout=300)
+    assert single.code == 0, single.output
+    for layout in ("127.0.0.2:2,127.0.0.3:2", "127.0.0.2:1,127.0.0.3:3"):
+        out = tmp_path / layout.replace(":", "_").replace(",", "-")
+        job = run_launch("--hosts", layout, *sshd.launch_options(), *same, *MNIST_ARGS, "--train-url", str(out),
+                         timeout=300)
+        assert job.code == 0, job.output
+        assert "[rank 0 127.0.0.2] epoch 1/1" in job.stdout  # only rank 0 prints; prefixed with its host
+        assert "ring of 4 ranks" in job.stderr
+        ring = job.stderr[job.stderr.index("ring of 4 ranks"):].splitlines()[2:6]
+        assert [line.split()[2] for line in ring] == ["127.0.0.2"] * int(layout[10]) + ["127.0.0.3"] * (4 - int(layout[10]))
+        got, want = params(out), params(tmp_path / "one")
+        for name in want:
+            assert torch.allclose(got[name], want[name], atol=1e-6, rtol=0), (layout, name)
+
+
+def test_an_unmodified_ddp_gloo_script_runs_across_hosts(sshd) -> None:
+    job = run_launch("--hosts", "127.0.0.2:2,127.0.0.3:1", *sshd.launch_options(), str(BIN / "ddp_gloo.py"))
+    assert job.code == 0, job.output
+    for rank, local in ((0, "0/2"), (1, "1/2"), (2, "0/1")):
+        assert f"ddp ok rank {rank} of 3 local {local}" in job.stdout
+
+
+def test_hosts_with_different_versions_are_refused(sshd, tmp_path) -> None:
+    # On "host" 127.0.0.3 the interpreter sees a different torch distribution (a dist-info that
+    # shadows the real one), as a Mac with another torch install would.
+    fake = tmp_path / "shadow" / "torch-1.0.0.dist-info"
+    fake.mkdir(parents=True)
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 1.0.0\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\ncase \"$SSH_CONNECTION\" in *127.0.0.3*) "
+                      f"export PYTHONPATH={fake.parent};; esac\nexec {os.sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(), "--python", str(python),
+                     BEHAVE, "-1", "none", timeout=60)
+    assert job.code != 0
+    table = job.stderr[job.stderr.index("disagree on versions"):]
+    assert "127.0.0.3" in table and "1.0.0 <-" in table
+    assert "ready" not in job.stdout  # no rank was started
+    ok = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(), "--python", str(python),
+                    "--allow-version-mismatch", BEHAVE, "-1", "none", timeout=60)
+    assert ok.code == 0, ok.output
+
+
+def test_an_unreachable_host_is_reported_within_the_connect_timeout(sshd) -> None:
+    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.9:1", *sshd.launch_options(), "--ssh-connect-timeout", "5",
+                     BEHAVE, "-1", "none", timeout=60)
+    assert job.code != 0
+    assert "cannot reach 127.0.0.9 over ssh" in job.stderr
+    assert job.seconds < 5 + 15
+
+
+def test_killing_the_launcher_leaves_no_process_on_any_host(sshd) -> None:
+    proc = subprocess.Popen(launch_command("--hosts", "127.0.0.2:2,127.0.0.3:1", *sshd.launch_options(),
+                                           BEHAVE, "-1", "hang"),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        ready = 0
+        while ready < 3:
+            line = proc.stdout.readline()
+            assert line, "job ended before its ranks were ready"
+            ready += line.strip().endswith("ready")
+        os.kill(proc.pid, signal.SIGKILL)  # the launcher alone: its agents and ranks must notice by themselves
+        proc.wait()
+        deadline = time.monotonic() + 20
+        while job_processes() and time.monotonic() < deadline:
+            time.sleep(0.2)  # polling the process table for the ranks to go
+        assert job_processes() == []
+    finally:
+        kill_group(proc.pid)
+        proc.communicate()
+
+
+def test_doctor_prints_a_table_with_every_link(sshd) -> None:
+    out = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hosts", "127.0.0.2,127.0.0.3",
+                          *sshd.launch_options(), "--megabytes", "8"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = {line.split()[0]: line for line in out.stdout.splitlines()[1:] if line.startswith("127.")}
+    assert set(rows) == {"127.0.0.2", "127.0.0.3"}
+    assert "-> 127.0.0.3:" in rows["127.0.0.2"] and "Gbit/s" in rows["127.0.0.2"] and "-> 127.0.0.2:" in rows["127.0.0.3"]
+    bad = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hosts", "127.0.0.2,127.0.0.9",
+                          *sshd.launch_options(), "--ssh-connect-timeout", "3"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "unreachable" in bad.stdout
+
+
+def test_collectives_across_network_namespaces(netns_hosts, tmp_path) -> None:
+    """Each "host" has its own network stack; traffic crosses real veth links and a bridge."""
+    hosts, server = netns_hosts
+    job = run_launch("--hosts", f"{hosts[0].addr}:2,{hosts[1].addr}:1", *server.launch_options(),
+                     str(BIN / "oracle.py"), str(STEPS), str(tmp_path / "params.pt"), timeout=120)
+    assert job.code == 0, job.output
+    ring = job.stderr[job.stderr.index("ring of 3 ranks"):].splitlines()[2:5]
+    assert [line.split()[2] for line in ring] == [hosts[0].addr, hosts[0].addr, hosts[1].addr]
+    got, want = torch.load(tmp_path / "params.pt"), reference_parameters()
+    for name in want:
+        assert torch.allclose(got[name], want[name], atol=1e-5, rtol=0), name
