@@ -14,7 +14,7 @@ import click
 
 from macfleet.env import DEVICES
 from macfleet.launcher.hosts import Host, parse_hostfile, parse_hosts
-from macfleet.launcher.launch import LaunchConfig, run_job
+from macfleet.launcher.launch import LaunchConfig, run_with_restarts
 from macfleet.launcher.remote import SshOptions
 
 
@@ -92,11 +92,18 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
               help="Each process's share of its GPU's memory [default: 0.9 / processes per host].")
 @click.option("--heartbeat-timeout", type=click.FloatRange(min=1.0), default=10.0, show_default=True,
               show_envvar=True, help="Seconds without a heartbeat before a rank or host counts as lost.")
+@click.option("--stall-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True, show_envvar=True,
+              help="Report ranks that others have waited on this long (0: never).")
+@click.option("--stall-action", type=click.Choice(["warn", "abort"]), default="abort", show_default=True,
+              show_envvar=True, help="After a stall report: keep waiting, or abort if it lasts twice as long.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, show_envvar=True,
+              help="After a failure, restart the whole job up to this many times (the script resumes from its checkpoint).")
 @click.option("--allow-version-mismatch", is_flag=True, help="Run even if hosts have different torch/macfleet.")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, memory_fraction: float | None,
-           heartbeat_timeout: float, allow_version_mismatch: bool, **hosts: Any) -> None:
+           heartbeat_timeout: float, stall_timeout: float, stall_action: str, max_restarts: int,
+           allow_version_mismatch: bool, **hosts: Any) -> None:
     """Run SCRIPT [ARGS]... as one data-parallel job.
 
     \b
@@ -107,8 +114,9 @@ def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, me
         raise click.BadParameter(f"no such file: {script}", param_hint="SCRIPT")
     cfg = make_config(os.path.abspath(script), list(script_args), device=device, seed=seed,
                       memory_fraction=memory_fraction, heartbeat_timeout_s=heartbeat_timeout,
+                      stall_timeout_s=stall_timeout, stall_action=stall_action,
                       allow_version_mismatch=allow_version_mismatch, **hosts)
-    sys.exit(run_job(cfg).code)
+    sys.exit(run_with_restarts(cfg, max_restarts))
 
 
 @main.command()

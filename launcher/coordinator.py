@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 
@@ -39,8 +39,12 @@ class Peer:
 
 class Coordinator:
     def __init__(self, ctx: zmq.Context, bind_addrs: list[str], secret: bytes, job_id: str, world_size: int,
-                 num_agents: int, heartbeat_timeout_s: float = 10.0) -> None:
+                 num_agents: int, heartbeat_timeout_s: float = 10.0, stall_timeout_s: float = 60.0,
+                 stall_action: str = "abort", log: Callable[[str], None] = print) -> None:
         self.secret, self.job_id = secret, job_id
+        self.stall_timeout_s, self.stall_action, self.log = stall_timeout_s, stall_action, log
+        self.status: dict[int, dict[str, Any]] = {}  # rank -> its last heartbeat's progress report
+        self._stall_reported: str | None = None
         self.world_size, self.num_agents = world_size, num_agents
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.socket = ctx.socket(zmq.ROUTER)
@@ -114,7 +118,7 @@ class Coordinator:
             protocol.EXIT: self._on_exit,
             protocol.DONE: self._on_done,
             protocol.BYE: lambda m, p: setattr(p, "watched", False),
-            protocol.BEAT: lambda m, p: None,
+            protocol.BEAT: self._on_beat,
             protocol.REPORT: self._on_report,
         }.get(kind)
         if handler is None:
@@ -146,6 +150,56 @@ class Coordinator:
             table = [[r, eps] for r, eps in sorted(self.registered.items())]
             for r in range(self.world_size):
                 self.send(f"rank-{r}", protocol.PEERS, table=table)
+
+    def _on_beat(self, msg: dict[str, Any], peer: Peer) -> None:
+        sender = str(msg.get("from"))
+        if sender.startswith("rank-"):
+            self.status[int(sender[5:])] = {"progress": msg.get("progress"), "waiting": msg.get("waiting"),
+                                            "at": time.monotonic()}
+
+    def _waiting_for(self, now: float, longer_than: float = 0.0) -> dict[int, dict[str, Any]]:
+        """Ranks that have been inside a collective for more than ``longer_than`` seconds."""
+        out = {}
+        for rank, st in self.status.items():
+            waiting = st.get("waiting")
+            if waiting and rank not in self.exits and waiting.get("for_s", 0) + now - st["at"] > longer_than:
+                out[rank] = waiting
+        return out
+
+    @staticmethod
+    def _who_waits(waiting: dict[int, dict[str, Any]]) -> str:
+        if not waiting:
+            return ""
+        first = next(iter(waiting.values()))
+        ranks = ", ".join(str(r) for r in sorted(waiting))
+        return f"; rank{'s' if len(waiting) > 1 else ''} {ranks} {'are' if len(waiting) > 1 else 'is'} waiting for it in {first.get('op')} (op {first.get('id')})"
+
+    def _check_stalls(self) -> None:
+        """Horovod's stall report: ranks waiting in a collective for a long time, and the live
+        ranks they wait for (which are not in it). Warn once; abort if it lasts twice as long."""
+        if self.stall_timeout_s <= 0 or self.aborted is not None or len(self.registered) < self.world_size:
+            return
+        now = time.monotonic()
+        waiting = self._waiting_for(now, self.stall_timeout_s)
+        if not waiting:
+            self._stall_reported = None
+            return
+        live = [r for r in range(self.world_size) if r not in self.exits]
+        suspects = [r for r in live if r not in waiting]
+        if suspects:
+            names = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in suspects)
+            reason = (f"rank{'s' if len(suspects) > 1 else ''} {names} made no progress for over "
+                      f"{self.stall_timeout_s:.0f} s{self._who_waits(waiting)}")
+        else:
+            op = next(iter(waiting.values()))
+            reason = (f"every rank has waited over {self.stall_timeout_s:.0f} s in {op.get('op')} (op {op.get('id')}): "
+                      f"messages are not getting through (network?)")
+        if self._stall_reported is None:
+            self._stall_reported = reason
+            self.log(f"stall: {reason}")
+        longest = max(w.get("for_s", 0) + now - self.status[r]["at"] for r, w in waiting.items())
+        if self.stall_action == "abort" and longest > 2 * self.stall_timeout_s:
+            self.fail(Failure(time.time(), f"stalled: {reason}", suspects[0] if suspects else None))
 
     def _on_report(self, msg: dict[str, Any], peer: Peer) -> None:
         rank = msg.get("rank")
@@ -180,8 +234,12 @@ class Coordinator:
             if peer.watched and now - peer.last_seen > self.heartbeat_timeout_s:
                 peer.watched = False
                 rank = int(name.split("-")[1]) if name.startswith("rank-") else None
-                self.fail(Failure(time.time(), f"{name} sent no heartbeat for {self.heartbeat_timeout_s:.0f} s "
-                                               f"(process hung, host down or network cut)", rank))
+                who = f"rank {rank} ({self.hosts.get(rank, '?')})" if rank is not None else f"the {name.replace('-', ' ')}"
+                waiting = {r: w for r, w in self._waiting_for(now).items() if r != rank}
+                self.fail(Failure(time.time(), f"{who} sent no heartbeat for {self.heartbeat_timeout_s:.0f} s "
+                                               f"(stopped, hung, or its host is cut off){self._who_waits(waiting)}",
+                                  rank))
+        self._check_stalls()
 
     # -- going down -------------------------------------------------------------------------
     def fail(self, failure: Failure) -> None:

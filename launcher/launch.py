@@ -46,6 +46,8 @@ class LaunchConfig:
     data_iface: str | None = None  # every host binds to this interface's address
     allow_version_mismatch: bool = False
     heartbeat_timeout_s: float = 10.0
+    stall_timeout_s: float = 60.0
+    stall_action: str = "abort"
     start_timeout_s: float = 60.0
     grace_s: float = 3.0
     restart_count: int = 0
@@ -67,6 +69,7 @@ class AgentProc:
 class JobOutcome:
     code: int
     coordinator: Coordinator
+    interrupted: bool = False
 
 
 def log(message: str) -> None:
@@ -129,7 +132,8 @@ def run_job(cfg: LaunchConfig, on_ready: Callable[[Coordinator], None] | None = 
     secret = secrets.token_bytes(32)
     ctx = zmq.Context()
     data_addrs, control_addrs, binds = plan_addresses(cfg)
-    coord = Coordinator(ctx, binds, secret, job_id, cfg.world_size, len(cfg.hosts), cfg.heartbeat_timeout_s)
+    coord = Coordinator(ctx, binds, secret, job_id, cfg.world_size, len(cfg.hosts), cfg.heartbeat_timeout_s,
+                        cfg.stall_timeout_s, cfg.stall_action, log)
     interrupted: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -153,7 +157,7 @@ def run_job(cfg: LaunchConfig, on_ready: Callable[[Coordinator], None] | None = 
             agents.append(start_agent(spec, host, cfg))
             rank_base += host.slots
         code = _supervise(cfg, coord, agents, interrupted, on_ready)
-        return JobOutcome(code, coord)
+        return JobOutcome(code, coord, bool(interrupted))
     finally:
         for agent in agents:
             _stop_agent(agent)
@@ -219,6 +223,8 @@ def _agent_lost(agent: AgentProc) -> str:
 
 
 def _result(cfg: LaunchConfig, coord: Coordinator, interrupted: list[int]) -> int:
+    if coord.dropped:
+        log(f"{coord.dropped} malformed or unauthenticated control messages were dropped")
     if interrupted:
         log("job stopped by the user")
         return SIGNAL_EXIT.get(signal.Signals(interrupted[0]), 1)
@@ -229,8 +235,6 @@ def _result(cfg: LaunchConfig, coord: Coordinator, interrupted: list[int]) -> in
             return 0
         root = Failure(time.time(), f"ranks {missing} never reported an exit")
     print(failure_report(root, coord.exits, cfg.world_size), file=sys.stderr, flush=True)
-    if coord.dropped:
-        log(f"{coord.dropped} malformed or unauthenticated control messages were dropped")
     return root.exit.code if root.exit is not None else 1
 
 
@@ -249,3 +253,18 @@ def _stop_agent(agent: AgentProc) -> None:
         except ProcessLookupError:
             pass
         agent.proc.wait()
+
+
+def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
+    """Run the job; after a failure, run it again from scratch (a new rendezvous round with
+    ``MACFLEET_RESTART_COUNT`` one higher) up to ``max_restarts`` times. The script resumes
+    from its own checkpoint. No restart after Ctrl-C, or when the job never started (a
+    configuration problem would only fail again)."""
+    for attempt in range(max_restarts + 1):
+        cfg.restart_count = attempt
+        outcome = run_job(cfg)
+        if outcome.code == 0 or outcome.interrupted or not outcome.coordinator.started or attempt == max_restarts:
+            return outcome.code
+        root = outcome.coordinator.root_cause()
+        log(f"restart {attempt + 1} of {max_restarts} after: {root.reason if root else 'a failure'}")
+    return 1

@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "checkpoint":  # macfleet.checkpoint.save(...) without a separate import
+        value = import_module("macfleet.checkpoint")
+        globals()[name] = value
+        return value
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'macfleet' has no attribute {name!r}")
@@ -63,5 +67,5 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CollectiveTimeout", "ConfigError", "JobAborted", "MacfleetError", "PeerLost", "ProtocolError",
-    "RendezvousError", "__version__", *_LAZY,
+    "RendezvousError", "__version__", "checkpoint", *_LAZY,
 ]

@@ -17,7 +17,8 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 import zmq
@@ -68,6 +69,7 @@ class Collectives:
         self.small_bytes = small_bytes
         self.min_part_bytes = min_part_bytes
         self.ops_done = 0  # progress counter, read by the heartbeat
+        self.current: tuple[str, int, float] | None = None  # (collective, op id, since): what we wait in
         self._op = 0
         self._lock = threading.Lock()  # collectives are issued one at a time, in the same order everywhere
         extra = len(ring.channels) - 1
@@ -83,8 +85,7 @@ class Collectives:
             raise ConfigError(f"all_reduce op 'avg' needs a floating-point tensor; {name} is {tensor.dtype}")
         work_dtype = WORK_DTYPE.get(tensor.dtype, tensor.dtype)
         numel = tensor.numel()
-        with self._lock:
-            op_id = self.next_op()
+        with self._collective("all_reduce") as op_id:
             if numel == 0:
                 return tensor
             work, raw = self._host.get("reduce", numel, work_dtype)
@@ -98,15 +99,13 @@ class Collectives:
             if op == "avg":
                 work.div_(self.world)
             tensor.copy_(work.view(tensor.shape))
-            self.ops_done += 1
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch.Tensor:
         self._check(tensor, name)
         if not 0 <= src < self.world:
             raise ConfigError(f"broadcast src={src} is not a rank of this job (world size {self.world})")
-        with self._lock:
-            op_id = self.next_op()
+        with self._collective("broadcast") as op_id:
             if tensor.numel() == 0:
                 return tensor
             work, raw = self._host.get("broadcast", tensor.numel(), tensor.dtype)
@@ -127,15 +126,13 @@ class Collectives:
             trackers.wait_all()
             if self.rank != src:
                 tensor.copy_(work.view(tensor.shape))
-            self.ops_done += 1
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, name: str = "tensor") -> torch.Tensor:
         """Every rank's tensor, stacked: a new tensor of shape ``(world, *tensor.shape)``."""
         self._check(tensor, name)
         out = torch.empty((self.world, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
-        with self._lock:
-            op_id = self.next_op()
+        with self._collective("all_gather") as op_id:
             if tensor.numel() == 0:
                 return out
             blocks, raw = self._host.get("gather", self.world * tensor.numel(), tensor.dtype)
@@ -144,7 +141,6 @@ class Collectives:
             meta = {"c": "all_gather", "numel": tensor.numel(), "dtype": str(tensor.dtype)}
             self._gather_ring(op_id, blocks, raw, meta)
             out.copy_(blocks.view(out.shape))
-            self.ops_done += 1
         return out
 
     def barrier(self) -> None:
@@ -234,6 +230,26 @@ class Collectives:
         trackers.wait_all()
 
     # -- helpers ----------------------------------------------------------------------------
+    @contextmanager
+    def _collective(self, kind: str) -> Iterator[int]:
+        """One collective at a time, in issue order; what we are in is visible to the heartbeat
+        (the coordinator's stall report names who waits on whom)."""
+        with self._lock:
+            op_id = self.next_op()
+            self.current = (kind, op_id, time.monotonic())
+            try:
+                yield op_id
+            finally:
+                self.current = None
+                self.ops_done += 1
+
+    def status(self) -> dict:
+        current = self.current
+        status: dict = {"progress": self.ops_done}
+        if current is not None:
+            status["waiting"] = {"op": current[0], "id": current[1], "for_s": time.monotonic() - current[2]}
+        return status
+
     def next_op(self) -> int:
         """A new op id; every rank must draw them in the same order."""
         self._op += 1

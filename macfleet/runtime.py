@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import zmq
@@ -102,7 +102,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
             chunk_bytes=min(MAX_FRAME_BYTES, _env_bytes("MACFLEET_CHUNK_BYTES", 4 << 20)),
             small_bytes=_env_bytes("MACFLEET_SMALL_BYTES", 64 << 10),
         )
-        control.progress = lambda: collectives.ops_done
+        control.status = collectives.status
     _runtime = Runtime(env, dev, collectives, control, ctx)
     atexit.register(shutdown)
     return _runtime
@@ -150,7 +150,7 @@ class _ControlThread(threading.Thread):
         self.client = ControlClient(ctx, env.coordinator or "", env.secret, env.job_id, f"rank-{env.rank}")
         self.outbox: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
         self.inbox: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.progress = lambda: 0
+        self.status: Callable[[], dict[str, Any]] = lambda: {"progress": 0}
         self._stopping = threading.Event()
 
     def register(self, endpoints: dict[str, str]) -> dict[int, dict[str, str]]:
@@ -179,7 +179,7 @@ class _ControlThread(threading.Thread):
                     self.client.send(kind, **fields)
                 now = time.monotonic()
                 if now >= next_beat:
-                    self.client.send(protocol.BEAT, progress=self.progress())
+                    self.client.send(protocol.BEAT, **self.status())
                     next_beat = now + protocol.HEARTBEAT_S
                     self._check_parent()
                 msg = self.client.recv(0.05)

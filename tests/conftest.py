@@ -64,9 +64,12 @@ def job_processes() -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def no_leftover_processes():
-    """Every test must leave no process of a job behind; give exiting ones a moment to be reaped."""
+def no_leftover_processes(request):
+    """Every test must leave no process of a job behind; give exiting ones a moment to be reaped.
+    (A module's shared live job is exempt until the test that ends it.)"""
     yield
+    if "live_job" in request.fixturenames and request.getfixturevalue("live_job")["proc"].poll() is None:
+        return
     deadline = time.monotonic() + 10
     while job_processes() and time.monotonic() < deadline:
         time.sleep(0.1)  # polling for an exit to finish, not standing in for synchronisation

@@ -260,6 +260,7 @@ class Agent:
                 _killpg(w.proc.pid, signal.SIGKILL)
             elif elapsed >= grace or self.stop_reason == "launcher gone":
                 _killpg(w.proc.pid, signal.SIGTERM)
+                _killpg(w.proc.pid, signal.SIGCONT)  # a stopped (SIGSTOP'd) rank must wake up to die
 
     def _finish(self) -> int:
         for w in self.workers:

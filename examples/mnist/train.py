@@ -6,7 +6,9 @@
 
 Data: ``--data-url DIR`` with the four MNIST IDX files (raw or .gz); ``--download`` fetches
 them into DIR first. Without them the example trains on generated digits, so it runs offline.
-``--train-url DIR`` receives the final checkpoint and ``metrics.json``.
+``--train-url DIR`` receives ``checkpoint.pt`` (every epoch, and every ``--checkpoint-every``
+steps), the final ``model.pt`` and ``metrics.json``. Under ``macfleet launch --max-restarts N``
+a restarted job resumes from ``checkpoint.pt`` (``--resume`` does the same by hand).
 """
 
 import argparse
@@ -32,6 +34,8 @@ parser.add_argument("--epochs", type=int, default=15)
 parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
 parser.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
 parser.add_argument("--device", default=None, help="auto, mps, cuda or cpu (default: the launcher's choice)")
+parser.add_argument("--checkpoint-every", type=int, default=0, help="also checkpoint every N steps (0: per epoch only)")
+parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --train-url")
 args = parser.parse_args()
 
 # -----------------------------------------------------------------------------
@@ -106,20 +110,37 @@ def evaluate():
 
 
 # -----------------------------------------------------------------------------
+# resume: after a restart (or with --resume) continue from the last checkpoint
+checkpoint_path = os.path.join(args.train_url, "checkpoint.pt") if args.train_url else None
+restarted = int(os.environ.get("MACFLEET_RESTART_COUNT", "0")) > 0
+start_epoch, step, history, resumed = 0, 0, [], False
+if checkpoint_path and (args.resume or restarted):
+    # rank 0 decides: the other hosts may not see rank 0's disk
+    found = macfleet.broadcast(torch.tensor([int(master and os.path.exists(checkpoint_path))]))
+    if found.item():
+        state = macfleet.checkpoint.load(checkpoint_path, model, optimizer, sampler)
+        start_epoch, step, history, resumed = state.epoch, state.step, state.extra.get("history", []), True
+        log(f"resumed from {checkpoint_path}: epoch {start_epoch + 1}, step {step}")
+
+# -----------------------------------------------------------------------------
 # training loop
 log(f"training on {world} process{'es' if world > 1 else ''}, device {device}, "
     f"global batch {args.batch_size * world}")
-history = []
-for epoch in range(args.epochs):
-    sampler.set_epoch(epoch)  # same shuffle on every rank, different shard
-    started, total_loss, steps = time.perf_counter(), torch.zeros(()), 0
+for epoch in range(start_epoch, args.epochs):
+    # same shuffle on every rank, different shard; a resumed epoch skips what was already done
+    sampler.set_epoch(epoch, start=sampler.start if resumed and epoch == start_epoch else 0)
+    started, total_loss, steps, consumed = time.perf_counter(), torch.zeros(()), 0, 0
     for x, y in loader:
         loss = F.cross_entropy(model(x.to(device)), y.to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         total_loss += loss.detach().cpu()  # no .item() here: on MPS every .item() drains the GPU queue
-        steps += 1
+        steps, step, consumed = steps + 1, step + 1, consumed + len(x)
+        if checkpoint_path and args.checkpoint_every and step % args.checkpoint_every == 0:
+            # a collective: every rank calls it (each one's RNG state goes in); rank 0 writes
+            macfleet.checkpoint.save(checkpoint_path, model, optimizer, step=step, epoch=epoch, sampler=sampler,
+                                     sampler_consumed=consumed, history=history)
     seconds = time.perf_counter() - started
     mean_loss = macfleet.all_reduce(total_loss / max(steps, 1), "avg").item()
     accuracy = evaluate()
@@ -128,6 +149,10 @@ for epoch in range(args.epochs):
                     "samples_per_s": samples_per_s, "seconds": seconds})
     log(f"epoch {epoch + 1}/{args.epochs}: loss {mean_loss:.4f}, test accuracy {accuracy:.4f}, "
         f"{samples_per_s:,.0f} samples/s ({seconds:.1f} s)")
+    if checkpoint_path:
+        sampler.set_epoch(epoch + 1)  # the checkpoint resumes at the start of the next epoch
+        macfleet.checkpoint.save(checkpoint_path, model, optimizer, step=step, epoch=epoch + 1, sampler=sampler,
+                                 history=history)
 
 # -----------------------------------------------------------------------------
 # results

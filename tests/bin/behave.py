@@ -28,7 +28,7 @@ if mode == "env":
     print("ENV " + json.dumps(seen))
     macfleet.shutdown()
     sys.exit(0)
-print("ready", flush=True)
+print(f"ready pid={os.getpid()}", flush=True)
 macfleet.barrier()
 if rank == fail_rank:
     if mode == "raise":

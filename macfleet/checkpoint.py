@@ -1,0 +1,179 @@
+"""Checkpoints that survive crashes: ``save`` and ``load``, called on every rank.
+
+A checkpoint holds the model and optimizer state, step, epoch, the sampler's position and the
+RNG state of every generator of every rank (CPU, device, Python), so a restarted job continues
+exactly where it stopped. Rank 0 writes it atomically: to a temporary file, fsync'd, then
+renamed over the old one, so a crash during a save leaves the previous checkpoint whole.
+``load`` reads the file on rank 0 and broadcasts it, so other hosts need no shared disk.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import torch
+from torch import nn
+
+from macfleet import runtime as rt
+from macfleet.errors import ConfigError
+
+FORMAT = "macfleet-checkpoint"
+VERSION = 1
+
+
+@dataclass
+class Checkpoint:
+    step: int = 0
+    epoch: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, step: int = 0,
+         epoch: int = 0, sampler: Any = None, sampler_consumed: int = 0, **extra: Any) -> None:
+    """Collective: every rank must call it. ``sampler_consumed`` is how many samples of the
+    current epoch this rank has already taken from ``sampler``."""
+    states = _gather_rng_states()
+    if rt.rank() != 0:
+        return
+    state = {
+        "format": FORMAT, "version": VERSION, "world_size": rt.world_size(),
+        "model": _unwrap(model).state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "step": step, "epoch": epoch,
+        "sampler": sampler.state_dict(sampler_consumed) if sampler is not None else None,
+        "rng": states, "extra": extra,
+    }
+    atomic_save(state, path)
+
+
+def atomic_save(state: dict[str, Any], path: str) -> None:
+    """Write ``state`` to ``path`` so that ``path`` is always either the old or the new file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself must reach the disk
+    finally:
+        os.close(fd)
+
+
+def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, sampler: Any = None) -> Checkpoint:
+    """Collective: restore what ``save`` wrote; raise ``ConfigError`` (one line) if it does not fit."""
+    state = _read_on_rank0_and_broadcast(path)
+    if state.get("world_size") != rt.world_size():
+        raise ConfigError(f"{path} was written by a job of {state.get('world_size')} ranks; this job has "
+                          f"{rt.world_size()} (the RNG state of each rank cannot be matched)")
+    _load_model(path, _unwrap(model), state["model"])
+    if optimizer is not None:
+        if state.get("optimizer") is None:
+            raise ConfigError(f"{path} holds no optimizer state")
+        try:
+            optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise ConfigError(f"{path}: optimizer state does not fit this optimizer ({exc})") from None
+    if sampler is not None and state.get("sampler") is not None:
+        sampler.load_state_dict(state["sampler"])
+    _restore_rng(state["rng"][rt.rank()])
+    return Checkpoint(step=int(state["step"]), epoch=int(state["epoch"]), extra=dict(state.get("extra") or {}))
+
+
+def _read_on_rank0_and_broadcast(path: str) -> dict[str, Any]:
+    size = torch.zeros(1, dtype=torch.int64)
+    blob = b""
+    error = ""
+    if rt.rank() == 0:
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except OSError as exc:
+            error = f"cannot read checkpoint {path}: {exc.strerror}"
+        size[0] = len(blob) if not error else -1
+    rt.broadcast(size, 0, name="checkpoint size")
+    if size.item() < 0:
+        raise ConfigError(error or f"rank 0 cannot read checkpoint {path}")
+    data = torch.zeros(int(size.item()), dtype=torch.uint8)
+    if blob:
+        data.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+    rt.broadcast(data, 0, name="checkpoint")
+    try:
+        state = torch.load(io.BytesIO(_tensor_bytes(data)), map_location="cpu", weights_only=False)
+    except Exception as exc:  # torch raises many kinds for a truncated or foreign file
+        raise ConfigError(f"{path} is not a readable checkpoint (corrupt or truncated?): {type(exc).__name__}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ConfigError(f"{path} is not a macfleet checkpoint")
+    if state.get("version") != VERSION:
+        raise ConfigError(f"{path} is a version {state.get('version')} checkpoint; this macfleet reads {VERSION}")
+    return state
+
+
+def _tensor_bytes(data: torch.Tensor) -> bytes:
+    out = bytearray(data.numel())
+    torch.frombuffer(out, dtype=torch.uint8).copy_(data)
+    return bytes(out)
+
+
+def _load_model(path: str, model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    own = model.state_dict()
+    missing = [k for k in own if k not in saved]
+    unexpected = [k for k in saved if k not in own]
+    shapes = [k for k in own if k in saved and tuple(own[k].shape) != tuple(saved[k].shape)]
+    if missing or unexpected or shapes:
+        parts = []
+        for label, keys in (("missing", missing), ("unexpected", unexpected), ("different shape", shapes)):
+            if keys:
+                parts.append(f"{label}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}")
+        raise ConfigError(f"{path} is a checkpoint of a different model ({'; '.join(parts)})")
+    model.load_state_dict(saved)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)
+
+
+# -- RNG state of every rank --------------------------------------------------------------
+def _rng_blob() -> bytes:
+    state = rt.runtime().device.rng_state()
+    version, internal, gauss = random.getstate()
+    return msgpack.packb({
+        "torch": _tensor_bytes(state["torch"]),
+        "device": _tensor_bytes(state["device"]) if "device" in state else None,
+        "python": [version, list(internal), gauss],
+    })
+
+
+def _gather_rng_states() -> list[bytes]:
+    blob = _rng_blob()
+    if rt.world_size() == 1:
+        return [blob]
+    length = torch.tensor([len(blob)], dtype=torch.int64)
+    lengths = rt.all_gather(length).flatten().tolist()
+    padded = torch.zeros(max(lengths), dtype=torch.uint8)
+    padded[: len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    gathered = rt.all_gather(padded)
+    return [_tensor_bytes(gathered[r][: lengths[r]]) for r in range(rt.world_size())]
+
+
+def _restore_rng(blob: bytes) -> None:
+    fields = msgpack.unpackb(blob)
+    state: dict[str, Any] = {
+        "torch": torch.frombuffer(bytearray(fields["torch"]), dtype=torch.uint8),
+        "python": (fields["python"][0], tuple(fields["python"][1]), fields["python"][2]),
+    }
+    if fields.get("device") is not None:
+        state["device"] = torch.frombuffer(bytearray(fields["device"]), dtype=torch.uint8)
+    rt.runtime().device.set_rng_state(state)

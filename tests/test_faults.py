@@ -1,0 +1,203 @@
+"""Fault injection: every failure brings the whole job down fast, names its cause, leaves nothing.
+
+Each test measures the time from the injected fault to the launcher's exit and asserts a
+bound; the autouse fixture asserts no process of the job is left. With default settings the
+target is 15 s; tests that wait on heartbeats use a shorter --heartbeat-timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import BIN, job_processes, kill_group, launch_command
+
+BEHAVE = str(BIN / "behave.py")
+
+
+class RunningJob:
+    """A job started in the background, with its ranks' pids once they are ready."""
+
+    def __init__(self, *args: str, ranks: int) -> None:
+        self.proc = subprocess.Popen(launch_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, start_new_session=True)
+        self.pids: dict[int, int] = {}
+        self.lines: list[str] = []
+        assert self.proc.stdout is not None
+        while len(self.pids) < ranks:
+            line = self.proc.stdout.readline()
+            assert line, "job ended before its ranks were ready: " + (self.proc.stderr.read() if self.proc.stderr else "")
+            self.lines.append(line)
+            if " ready pid=" in line:
+                self.pids[int(line.split()[1].rstrip("]"))] = int(line.rsplit("=", 1)[1])
+
+    def wait(self, timeout: float) -> tuple[int, str, float]:
+        """Exit code, stderr, and seconds since this call (the fault was injected just before)."""
+        started = time.monotonic()
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(self.proc.pid)
+            out, err = self.proc.communicate()
+            pytest.fail(f"job not down within {timeout} s after the fault:\n{err}")
+        return self.proc.returncode, err, time.monotonic() - started
+
+    def close(self) -> None:
+        kill_group(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.communicate()
+
+
+@pytest.fixture
+def job_of_three():
+    jobs: list[RunningJob] = []
+
+    def start(*extra: str) -> RunningJob:
+        jobs.append(RunningJob("--nproc", "3", *extra, BEHAVE, "-1", "hang", ranks=3))
+        return jobs[-1]
+
+    yield start
+    for job in jobs:
+        job.close()
+
+
+def test_a_rank_killed_mid_step(job_of_three) -> None:
+    job = job_of_three()
+    os.kill(job.pids[1], signal.SIGKILL)
+    code, err, seconds = job.wait(30)
+    assert code == 128 + signal.SIGKILL
+    assert "rank 1 (host localhost, pid" in err and "SIGKILL" in err
+    assert seconds < 15
+
+
+def test_an_agent_killed(job_of_three) -> None:
+    job = job_of_three()
+    agent = int(subprocess.run(["pgrep", "-f", "macfleet.workers.agent"], capture_output=True, text=True).stdout.split()[0])
+    os.kill(agent, signal.SIGKILL)
+    code, err, seconds = job.wait(30)
+    assert code != 0
+    assert "the agent on localhost exited unexpectedly" in err
+    assert seconds < 15
+
+
+def test_a_stopped_rank_is_reported_then_aborted(job_of_three) -> None:
+    job = job_of_three("--heartbeat-timeout", "4")
+    os.kill(job.pids[2], signal.SIGSTOP)
+    code, err, seconds = job.wait(30)
+    assert code != 0
+    cause = err[err.index("root cause"):]
+    assert "rank 2 (localhost) sent no heartbeat for 4 s" in cause
+    assert "ranks 0, 1 are waiting for it in all_reduce" in cause
+    assert seconds < 4 + 11
+
+
+def test_a_host_cut_off_from_the_network(netns_hosts) -> None:
+    import netns
+
+    hosts, server = netns_hosts
+    job = RunningJob("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:2", *server.launch_options(),
+                     "--heartbeat-timeout", "3", BEHAVE, "-1", "hang", ranks=3)
+    try:
+        netns.set_link(hosts[1], up=False)  # pull the cable of the second host
+        code, err, seconds = job.wait(60)
+        assert code != 0
+        assert "sent no heartbeat for 3 s" in err
+        assert seconds < 3 + 20
+        deadline = time.monotonic() + 15  # the cut-off host's agent stops its ranks on its own
+        while job_processes() and time.monotonic() < deadline:
+            time.sleep(0.2)  # polling the process table
+        assert job_processes() == []
+    finally:
+        netns.set_link(hosts[1], up=True)
+        job.close()
+
+
+def test_a_crash_during_a_checkpoint_write_keeps_the_previous_one(tmp_path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    writer = subprocess.Popen([sys.executable, "-c", f"""
+import torch, macfleet
+from torch import nn
+macfleet.init()
+model = nn.Linear(4, 2)
+with torch.no_grad():
+    model.weight.fill_(1.0)
+macfleet.checkpoint.save({str(path)!r}, model, step=1)
+print("saved", flush=True)
+with torch.no_grad():
+    model.weight.fill_(2.0)
+macfleet.checkpoint.save({str(path)!r}, model, step=2, ballast=torch.zeros(400_000_000, dtype=torch.uint8))
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "saved"
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("checkpoint.pt.tmp-*")) and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling for the second write to have begun
+        assert list(tmp_path.glob("checkpoint.pt.tmp-*")), "the second save never started"
+        writer.kill()  # crash in the middle of the write
+        writer.wait()
+    finally:
+        writer.kill()
+        writer.communicate()
+    import macfleet
+
+    model = nn.Linear(4, 2)
+    state = macfleet.checkpoint.load(str(path), model)
+    assert state.step == 1 and torch.equal(model.weight, torch.ones(2, 4))
+
+
+def test_a_bad_checkpoint_is_a_one_line_error(tmp_path) -> None:
+    import macfleet
+
+    good = tmp_path / "good.pt"
+    macfleet.checkpoint.save(str(good), nn.Linear(4, 2))
+    with pytest.raises(macfleet.ConfigError, match="different model.*different shape: weight"):
+        macfleet.checkpoint.load(str(good), nn.Linear(4, 3))
+    with pytest.raises(macfleet.ConfigError, match="different model.*missing: 0.weight"):
+        macfleet.checkpoint.load(str(good), nn.Sequential(nn.Linear(4, 2)))
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[:200])
+    with pytest.raises(macfleet.ConfigError, match="not a readable checkpoint"):
+        macfleet.checkpoint.load(str(truncated), nn.Linear(4, 2))
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": 1}, foreign)
+    with pytest.raises(macfleet.ConfigError, match="not a macfleet checkpoint"):
+        macfleet.checkpoint.load(str(foreign), nn.Linear(4, 2))
+
+
+def test_a_killed_and_restarted_run_ends_like_an_uninterrupted_one(tmp_path) -> None:
+    from conftest import MNIST, run_launch
+    import random
+
+    args = ["--env", "OMP_NUM_THREADS=1", str(MNIST), "--epochs", "3", "--checkpoint-every", "10"]
+    clean = run_launch("--nproc", "2", *args, "--train-url", str(tmp_path / "clean"), timeout=300)
+    assert clean.code == 0, clean.output
+    crashed_dir = tmp_path / "crashed"
+    proc = subprocess.Popen(launch_command("--nproc", "2", "--max-restarts", "2", *args, "--train-url", str(crashed_dir)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (crashed_dir / "checkpoint.pt").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)  # polling for the first checkpoint
+        time.sleep(random.uniform(0, 0.5))  # then a random step: this delay is the injected randomness
+        ranks = subprocess.run(["pgrep", "-f", f"bootstrap.*{crashed_dir}"], capture_output=True, text=True).stdout.split()
+        assert ranks, "the job finished before it could be killed"
+        os.kill(int(random.choice(ranks)), signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        kill_group(proc.pid)
+        if proc.poll() is None:
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "restart 1 of 2" in err and "resumed from" in out
+    got = torch.load(crashed_dir / "model.pt")["model"]
+    want = torch.load(tmp_path / "clean" / "model.pt")["model"]
+    for name in want:
+        assert torch.allclose(got[name], want[name], atol=1e-6, rtol=0), name
