@@ -134,5 +134,29 @@ def doctor(megabytes: int, **hosts: Any) -> None:
     sys.exit(run_doctor(cfg))
 
 
+@main.group()
+def bench() -> None:
+    """Measure macfleet against torch.distributed (gloo) on your own Macs."""
+
+
+@bench.command("allreduce")
+@host_options
+@click.option("--sizes", default="4K,1M,16M,64M,256M", show_default=True, help="Tensor sizes in bytes (K, M, G).")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True)
+@click.option("--budget", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="Seconds of timing per size and library.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
+def bench_allreduce(sizes: str, dtype: str, budget: float, json_path: str | None, **hosts: Any) -> None:
+    """Time macfleet's all-reduce and gloo's on the same processes and tensors, side by side."""
+    from macfleet.launcher.bench import run_bench
+
+    for size in sizes.split(","):
+        if not size.strip() or not size.strip().rstrip("KMGkmgBbIi").replace(".", "", 1).isdigit():
+            raise click.BadParameter(f"{size!r} is not a size like 4K, 16M or 1G", param_hint="--sizes")
+    cfg = make_config("-m", ["macfleet.workers.benchallreduce", "--sizes", sizes, "--dtype", dtype,
+                             "--budget", str(budget)], device="cpu", **hosts)
+    sys.exit(run_bench(cfg, json_path))
+
+
 if __name__ == "__main__":
     main()

@@ -66,6 +66,7 @@ class Coordinator:
         self.aborted: str | None = None
         self._abort_rank: int | None = None
         self.hosts: dict[int, str] = {}  # rank -> host name, from registrations
+        self.local_ranks: dict[int, int] = {}
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
         self._seq = 0
         self._next_beat = 0.0
@@ -146,8 +147,10 @@ class Coordinator:
             raise wire.BadMessage("bad registration")
         self.registered[rank] = {str(k): str(v) for k, v in endpoints.items()}
         self.hosts[rank] = str(msg.get("host", "?"))
+        local_rank = msg.get("local_rank", 0)
+        self.local_ranks[rank] = local_rank if isinstance(local_rank, int) else 0
         if len(self.registered) == self.world_size:
-            table = [[r, eps] for r, eps in sorted(self.registered.items())]
+            table = [[r, eps, self.local_ranks[r]] for r, eps in sorted(self.registered.items())]
             for r in range(self.world_size):
                 self.send(f"rank-{r}", protocol.PEERS, table=table)
 

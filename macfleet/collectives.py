@@ -14,6 +14,7 @@ order, then copied to the others.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ import zmq
 
 from macfleet.backends import check_tensor
 from macfleet.errors import CollectiveTimeout, ConfigError
+from macfleet.shm import LocalGroup, split_evenly
 from macfleet.transport import Channel, Ring
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
@@ -35,6 +37,7 @@ SUPPORTED = frozenset({
 # Half precision is reduced in float32 on the host (DESIGN.md section 4).
 WORK_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
+TWO_MEMBER_ONE_PASS_BYTES = 1 << 20
 Reducer = Callable[[torch.Tensor, torch.Tensor], object]
 REDUCERS: dict[str, Reducer] = {
     "sum": lambda acc, x: acc.add_(x),
@@ -62,14 +65,19 @@ class HostBuffers:
 
 class Collectives:
     def __init__(self, ring: Ring, chunk_bytes: int = 4 << 20, small_bytes: int = 64 << 10,
-                 min_part_bytes: int = 256 << 10) -> None:
+                 min_part_bytes: int = 256 << 10, local: LocalGroup | None = None, leaders: Ring | None = None,
+                 shared_memory: bool = False) -> None:
+        """``shared_memory``: all-reduce through ``local`` (this host's ranks) and, across hosts,
+        ``leaders`` (the ring of each host's first rank, given to those ranks only)."""
         self.ring = ring
+        self.local, self.leaders, self.shared_memory = local, leaders, shared_memory
         self.rank, self.world = ring.rank, ring.world
         self.chunk_bytes = chunk_bytes
         self.small_bytes = small_bytes
         self.min_part_bytes = min_part_bytes
         self.ops_done = 0  # progress counter, read by the heartbeat
         self.current: tuple[str, int, float] | None = None  # (collective, op id, since): what we wait in
+        self.last_algorithm = ""  # which path the last all_reduce took (for benchmarks)
         self._op = 0
         self._lock = threading.Lock()  # collectives are issued one at a time, in the same order everywhere
         extra = len(ring.channels) - 1
@@ -88,17 +96,25 @@ class Collectives:
         with self._collective("all_reduce") as op_id:
             if numel == 0:
                 return tensor
-            work, raw = self._host.get("reduce", numel, work_dtype)
-            work.copy_(tensor.reshape(-1))  # blocking device->host copy (and upcast), see mps-facts.md
+            # A contiguous host tensor already in the working dtype is reduced in its own memory;
+            # anything else (device tensors, half precision) goes through a reused host buffer.
+            in_place = tensor.device.type == "cpu" and tensor.dtype == work_dtype and tensor.is_contiguous()
+            if in_place:
+                work, raw = tensor.view(-1), host_memory(tensor)
+            else:
+                work, raw = self._host.get("reduce", numel, work_dtype)
             meta = {"c": "all_reduce", "numel": numel, "dtype": str(tensor.dtype), "rop": op}
             reducer = REDUCERS[op]
-            if numel * work.element_size() <= self.small_bytes:
-                self._reduce_small(op_id, work, reducer, meta)
+            if self.shared_memory and numel * work.element_size() > self.small_bytes:
+                self._reduce_hierarchical(op_id, tensor.reshape(-1), work, raw, reducer, meta)
             else:
-                self._reduce_ring(op_id, work, raw, reducer, meta)
+                if not in_place:
+                    work.copy_(tensor.reshape(-1))  # blocking device->host copy (and upcast), see mps-facts.md
+                self._reduce_on(self.ring, op_id, work, raw, reducer, meta)
             if op == "avg":
                 work.div_(self.world)
-            tensor.copy_(work.view(tensor.shape))
+            if not in_place:
+                tensor.copy_(work.view(tensor.shape))
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch.Tensor:
@@ -139,7 +155,7 @@ class Collectives:
             blocks = blocks.view(self.world, -1)
             blocks[self.rank].copy_(tensor.reshape(-1))
             meta = {"c": "all_gather", "numel": tensor.numel(), "dtype": str(tensor.dtype)}
-            self._gather_ring(op_id, blocks, raw, meta)
+            self._gather_ring(self.ring, op_id, blocks, raw, meta)
             out.copy_(blocks.view(out.shape))
         return out
 
@@ -151,28 +167,56 @@ class Collectives:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- algorithms -------------------------------------------------------------------------
-    def _reduce_small(self, op_id: int, work: torch.Tensor, reducer: Reducer, meta: dict) -> None:
-        numel = work.numel()
-        blocks, raw = self._host.get("small", self.world * numel, work.dtype)
-        blocks = blocks.view(self.world, numel)
-        blocks[self.rank].copy_(work)
-        self._gather_ring(op_id, blocks, raw, meta)
+    def _reduce_hierarchical(self, op_id: int, flat: torch.Tensor, work: torch.Tensor, raw: memoryview,
+                             reducer: Reducer, meta: dict) -> None:
+        """Reduce inside the host through shared memory, across hosts on the leaders' ring, then
+        hand the result back inside the host. On one host only the first step runs."""
+        if self.local is not None:
+            self.local.all_reduce(flat, work, reducer)  # straight from the tensor (any device) into the slot
+        else:
+            work.copy_(flat)
+        steps = ["shared memory"] if self.local is not None else []
+        if self.leaders is not None:
+            self._reduce_on(self.leaders, op_id, work, raw, reducer, meta)
+            steps.append("hosts " + self.last_algorithm)
+        if self.local is not None and self.local.size < self.world:
+            self.local.broadcast_from_leader(work)
+        self.last_algorithm = " + ".join(steps)
+
+    def _reduce_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
+                   meta: dict) -> None:
+        # Between two members the one-pass path moves the same bytes as the ring in half the
+        # steps; measured faster up to about 1 MiB (benchmarks/, 2 ranks).
+        one_pass = max(self.small_bytes, TWO_MEMBER_ONE_PASS_BYTES) if ring.world == 2 else self.small_bytes
+        if work.numel() * work.element_size() <= one_pass:
+            self.last_algorithm = "latency (one pass)"
+            self._reduce_small(ring, op_id, work, reducer, meta)
+        else:
+            self._reduce_ring(ring, op_id, work, raw, reducer, meta)
+
+    def _reduce_small(self, ring: Ring, op_id: int, work: torch.Tensor, reducer: Reducer, meta: dict) -> None:
+        numel, n = work.numel(), ring.world
+        blocks, raw = self._host.get("small", n * numel, work.dtype)
+        blocks = blocks.view(n, numel)
+        blocks[ring.channels[0].position].copy_(work)
+        self._gather_ring(ring, op_id, blocks, raw, meta)
         work.copy_(blocks[0])
-        for k in range(1, self.world):  # rank order, so every rank computes the same bits
+        for k in range(1, n):  # ring order, so every rank computes the same bits
             reducer(work, blocks[k])
 
-    def _gather_ring(self, op_id: int, blocks: torch.Tensor, raw: memoryview, meta: dict) -> None:
-        """Pass every rank's block round the clockwise ring until all ranks have all blocks."""
-        ch = self.ring.channels[0]
+    def _gather_ring(self, ring: Ring, op_id: int, blocks: torch.Tensor, raw: memoryview, meta: dict) -> None:
+        """Pass every member's block round the clockwise ring until all members have all blocks
+        (block k belongs to the member at ring position k; on the ring of all ranks, rank k)."""
+        ch = ring.channels[0]
         ch.begin(op_id)
-        n, size = self.world, blocks.element_size()
+        n, size, me = ring.world, blocks.element_size(), ring.channels[0].position
         per = blocks.shape[1]
         step = self._chunk_elems(blocks)
         trackers = _Trackers(ch)
-        for a, b in _chunks(self.rank * per, (self.rank + 1) * per, step):
+        for a, b in _chunks(me * per, (me + 1) * per, step):
             trackers.add(a, ch.send(raw[a * size: b * size], meta))
         for s in range(n - 1):
-            k = (self.rank - s - 1) % n
+            k = (me - s - 1) % n
             for a, b in _chunks(k * per, (k + 1) * per, step):
                 piece = raw[a * size: b * size]
                 ch.recv_header(len(piece), meta)
@@ -181,27 +225,30 @@ class Collectives:
                     trackers.add(a, ch.send(piece, meta))
         trackers.wait_all()
 
-    def _reduce_ring(self, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer, meta: dict) -> None:
+    def _reduce_ring(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
+                     meta: dict) -> None:
         numel, size = work.numel(), work.element_size()
-        parts = max(1, min(len(self.ring.channels), numel * size // (self.world * self.min_part_bytes)))
-        bounds = _split(numel, parts)
+        parts = max(1, min(len(ring.channels), numel * size // (ring.world * self.min_part_bytes)))
+        bounds = split_evenly(numel, parts)
+        self.last_algorithm = f"ring x{parts}"
         jobs = []
         for p in range(1, parts):
             a, b = bounds[p]
             jobs.append(self._pool.submit(  # type: ignore[union-attr]
-                self._reduce_part, self.ring.channels[p], op_id, work[a:b], raw[a * size: b * size], reducer, meta))
+                self._reduce_part, ring.channels[p], ring.world, op_id, work[a:b], raw[a * size: b * size], reducer,
+                meta))
         a, b = bounds[0]
         try:
-            self._reduce_part(self.ring.channels[0], op_id, work[a:b], raw[a * size: b * size], reducer, meta)
+            self._reduce_part(ring.channels[0], ring.world, op_id, work[a:b], raw[a * size: b * size], reducer, meta)
         finally:
             for job in jobs:
                 job.result()
 
-    def _reduce_part(self, ch: Channel, op_id: int, x: torch.Tensor, raw: memoryview, reducer: Reducer,
+    def _reduce_part(self, ch: Channel, n: int, op_id: int, x: torch.Tensor, raw: memoryview, reducer: Reducer,
                      meta: dict) -> None:
-        """Reduce-scatter then all-gather of ``x`` on one channel, chunk by chunk."""
-        n, i, size = self.world, ch.position, x.element_size()
-        segments = _split(x.numel(), n)
+        """Reduce-scatter then all-gather of ``x`` on one channel of an ``n``-member ring, chunk by chunk."""
+        i, size = ch.position, x.element_size()
+        segments = split_evenly(x.numel(), n)
         step = self._chunk_elems(x)
         ch.begin(op_id)
         trackers = _Trackers(ch)
@@ -266,6 +313,14 @@ class Collectives:
             raise ConfigError(f"{name} has dtype {tensor.dtype}, which macfleet collectives do not support")
 
 
+def host_memory(tensor: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor's memory, for zero-copy sends and
+    receives into place. It does not keep the tensor alive: the caller holds it, and waits for
+    every send's tracker, until the collective returns."""
+    nbytes = tensor.numel() * tensor.element_size()
+    return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
 class _Trackers:
     """Zero-copy sends still in flight, keyed by buffer offset."""
 
@@ -296,17 +351,6 @@ class _Trackers:
                 self.ch.liveness.check()
                 if time.monotonic() > deadline:
                     raise CollectiveTimeout(f"rank {self.ch.rank}: send to rank {self.ch.next_rank} never completed")
-
-
-def _split(n: int, parts: int) -> list[tuple[int, int]]:
-    """``n`` elements in ``parts`` contiguous ranges, the first ``n % parts`` one longer."""
-    base, extra = divmod(n, parts)
-    out, start = [], 0
-    for p in range(parts):
-        end = start + base + (1 if p < extra else 0)
-        out.append((start, end))
-        start = end
-    return out
 
 
 def _chunks(start: int, end: int, step: int) -> list[tuple[int, int]]:

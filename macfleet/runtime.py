@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import os
 import queue
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from macfleet.collectives import Collectives
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
 from macfleet.errors import ConfigError, RendezvousError
+from macfleet.shm import LocalGroup
 from macfleet.transport import Liveness, Ring
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("MACFLEET_TIMEOUT", "600"))
@@ -78,21 +80,45 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
         raise ConfigError(f"streams must be >= 1, not {streams}")
     ctx = zmq.Context(io_threads=max(1, min(4, streams)))
     liveness = Liveness()
-    ring = None
-    if env.world_size > 1:
-        ring = Ring(ctx, env.rank, env.world_size, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id,
-                    liveness, timeout_s or DEFAULT_TIMEOUT_S)
+    timeout_s = timeout_s or DEFAULT_TIMEOUT_S
+    ring = local = leaders = None
+    # Shared memory: this host's ranks reduce through one segment; across hosts only each host's
+    # first rank joins a ring (of "leaders"). MACFLEET_SHM=0 switches it off (pure ZeroMQ).
+    shm_dir = os.environ.get("MACFLEET_SHM_DIR")
+    shared_memory = env.world_size > 1 and bool(shm_dir) and os.environ.get("MACFLEET_SHM", "1") != "0"
+    multi_host = env.world_size > env.local_world_size
+    try:
+        if env.world_size > 1:
+            ring = Ring(ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id, liveness,
+                        timeout_s)
+        if shared_memory and env.local_world_size > 1:
+            local = LocalGroup(ctx, shm_dir or "", env.job_id, env.secret, env.rank - env.local_rank,
+                               env.local_world_size, env.local_rank, _env_bytes("MACFLEET_SHM_SLOT_BYTES", 16 << 20),
+                               liveness, timeout_s)
+        if shared_memory and multi_host and env.local_rank == 0:
+            leaders = Ring(ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id, liveness,
+                           timeout_s, name="h")
+    except BaseException:
+        ctx.destroy(linger=0)
+        raise
+    endpoints = {**(ring.endpoints() if ring else {}), **(leaders.endpoints() if leaders else {})}
     control = _ControlThread(ctx, env, liveness)
     control.start()
     try:
-        table = control.register(ring.endpoints() if ring else {})
+        table, local_ranks = control.register(endpoints)
         if ring is not None:
-            ring.connect(table)
+            ring.connect(table, list(range(env.world_size)))
             ring.handshake()
+        if local is not None:
+            local.attach()
+        if leaders is not None:
+            leaders.connect(table, sorted(r for r, lr in local_ranks.items() if lr == 0))
+            leaders.handshake()
     except BaseException:
         control.stop()
-        if ring is not None:
-            ring.close()
+        for closable in (ring, local, leaders):
+            if closable is not None:
+                closable.close()
         ctx.destroy(linger=0)
         raise
     collectives = None
@@ -101,6 +127,8 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
             ring,
             chunk_bytes=min(MAX_FRAME_BYTES, _env_bytes("MACFLEET_CHUNK_BYTES", 4 << 20)),
             small_bytes=_env_bytes("MACFLEET_SMALL_BYTES", 64 << 10),
+            min_part_bytes=_env_bytes("MACFLEET_MIN_PART_BYTES", 256 << 10),
+            local=local, leaders=leaders, shared_memory=shared_memory,
         )
         control.status = collectives.status
     _runtime = Runtime(env, dev, collectives, control, ctx)
@@ -125,18 +153,30 @@ def runtime() -> Runtime:
     return _runtime if _runtime is not None else init()
 
 
+def _orphaned(env: WorkerEnv) -> bool:
+    """True if our agent is gone; then we remove its per-job directory (error files, shared
+    memory) ourselves, since it no longer can."""
+    if not env.agent_pid or os.getppid() == env.agent_pid:
+        return False
+    shutil.rmtree(os.environ.get("MACFLEET_SHM_DIR", ""), ignore_errors=True)
+    return True
+
+
 def shutdown() -> None:
     """Close sockets and stop the control thread. Safe to call twice."""
     global _runtime
     rt, _runtime = _runtime, None
     if rt is None or rt.ctx is None:
         return
+    _orphaned(rt.env)
     if rt.control is not None:
         rt.control.outbox.put((protocol.BYE, {}))  # a finished rank is not a hung one
         rt.control.stop()
     if rt.collectives is not None:
         rt.collectives.close()
-        rt.collectives.ring.close()
+        for closable in (rt.collectives.ring, rt.collectives.local, rt.collectives.leaders):
+            if closable is not None:
+                closable.close()
     rt.ctx.destroy(linger=0)
 
 
@@ -153,9 +193,10 @@ class _ControlThread(threading.Thread):
         self.status: Callable[[], dict[str, Any]] = lambda: {"progress": 0}
         self._stopping = threading.Event()
 
-    def register(self, endpoints: dict[str, str]) -> dict[int, dict[str, str]]:
-        self.outbox.put((protocol.REGISTER, {"rank": self.env.rank, "endpoints": endpoints,
-                                             "pid": os.getpid(), "host": self.env.host}))
+    def register(self, endpoints: dict[str, str]) -> tuple[dict[int, dict[str, str]], dict[int, int]]:
+        """Publish our endpoints; return every rank's endpoints and local rank, once all registered."""
+        self.outbox.put((protocol.REGISTER, {"rank": self.env.rank, "endpoints": endpoints, "pid": os.getpid(),
+                                             "host": self.env.host, "local_rank": self.env.local_rank}))
         deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
         while time.monotonic() < deadline:
             self.liveness.check()
@@ -164,7 +205,8 @@ class _ControlThread(threading.Thread):
             except queue.Empty:
                 continue
             if reply.get("kind") == protocol.PEERS:
-                return {int(rank): dict(eps) for rank, eps in reply["table"]}
+                rows = reply["table"]
+                return {int(row[0]): dict(row[1]) for row in rows}, {int(row[0]): int(row[2]) for row in rows}
         raise RendezvousError(
             f"rank {self.env.rank}: not every rank registered within {RENDEZVOUS_TIMEOUT_S:.0f} s "
             f"(coordinator {self.env.coordinator})"
@@ -199,7 +241,7 @@ class _ControlThread(threading.Thread):
     def _check_parent(self) -> None:
         # The agent is our parent. If it died (SIGKILL, lost host), nobody will stop us: stop
         # ourselves and anything we started (we lead our own process group).
-        if self.env.agent_pid and os.getppid() != self.env.agent_pid:
+        if _orphaned(self.env):
             try:
                 os.killpg(os.getpgid(0), 9)
             finally:

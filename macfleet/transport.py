@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 
@@ -51,10 +51,11 @@ class Liveness:
 class ChannelId:
     clockwise: bool
     stream: int
+    ring: str = ""  # "" for the ring of all ranks, "h" for the ring of host leaders
 
     @property
     def name(self) -> str:
-        return f"{'cw' if self.clockwise else 'ccw'}{self.stream}"
+        return f"{self.ring}{'cw' if self.clockwise else 'ccw'}{self.stream}"
 
 
 class Channel:
@@ -64,14 +65,11 @@ class Channel:
     algorithms schedule on (clockwise: the rank; counter-clockwise: the mirrored rank).
     """
 
-    def __init__(self, ctx: zmq.Context, cid: ChannelId, rank: int, world: int, data_addr: str,
-                 max_frame: int, secret: bytes, job_id: str, liveness: Liveness, timeout_s: float) -> None:
+    def __init__(self, ctx: zmq.Context, cid: ChannelId, rank: int, data_addr: str, max_frame: int, secret: bytes,
+                 job_id: str, liveness: Liveness, timeout_s: float) -> None:
         self.id = cid
-        self.rank, self.world = rank, world
-        step = 1 if cid.clockwise else -1
-        self.next_rank = (rank + step) % world
-        self.prev_rank = (rank - step) % world
-        self.position = rank if cid.clockwise else (world - rank) % world
+        self.rank = rank
+        self.next_rank = self.prev_rank = self.position = -1  # see place()
         self.secret, self.job_id = secret, job_id
         self.liveness = liveness
         self.timeout_s = timeout_s
@@ -89,6 +87,14 @@ class Channel:
         self.push.setsockopt(zmq.LINGER, 0)
         self.push.setsockopt(zmq.SNDHWM, 0)
         self.push.setsockopt(zmq.IMMEDIATE, 1)
+
+    def place(self, members: list[int]) -> None:
+        """Take this rank's place in the ring of ``members`` (in ring order)."""
+        n, i = len(members), members.index(self.rank)
+        step = 1 if self.id.clockwise else -1
+        self.next_rank = members[(i + step) % n]
+        self.prev_rank = members[(i - step) % n]
+        self.position = i if self.id.clockwise else (n - i) % n
 
     def connect(self, endpoint: str) -> None:
         self.push.connect(endpoint)
@@ -164,39 +170,48 @@ class Channel:
             self.pull.recv(copy=False)
 
     def _wait(self, sock: zmq.Socket, event: int, what: str, peer: int) -> None:
-        deadline = time.monotonic() + self.timeout_s
-        while not sock.poll(POLL_SLICE_MS, event):
-            self.liveness.check()
-            if time.monotonic() > deadline:
-                raise CollectiveTimeout(
-                    f"rank {self.rank}: no progress for {self.timeout_s:.0f} s waiting to {what} rank {peer} "
-                    f"on channel {self.id.name} (op {self._op}, {self.dropped} frames dropped); "
-                    f"is rank {peer} stuck or behind?"
-                )
-        self.liveness.check()
+        wait_for(sock, event, self.timeout_s, self.liveness, lambda: (
+            f"rank {self.rank}: no progress for {self.timeout_s:.0f} s waiting to {what} rank {peer} "
+            f"on channel {self.id.name} (op {self._op}, {self.dropped} frames dropped); "
+            f"is rank {peer} stuck or behind?"))
 
     def close(self) -> None:
         self.push.close(linger=0)
         self.pull.close(linger=0)
 
 
-class Ring:
-    """All channels of this rank, bound at construction, connected once the peer table is known."""
+def wait_for(sock: zmq.Socket, event: int, timeout_s: float, liveness: Liveness, explain: Callable[[], str]) -> None:
+    """Poll ``sock`` until ``event``, checking for an abort every slice; time out with ``explain()``."""
+    deadline = time.monotonic() + timeout_s
+    while not sock.poll(POLL_SLICE_MS, event):
+        liveness.check()
+        if time.monotonic() > deadline:
+            raise CollectiveTimeout(explain())
+    liveness.check()
 
-    def __init__(self, ctx: zmq.Context, rank: int, world: int, data_addr: str, streams: int, max_frame: int,
-                 secret: bytes, job_id: str, liveness: Liveness, timeout_s: float) -> None:
-        self.rank, self.world = rank, world
+
+class Ring:
+    """All channels of this rank in one ring: bound at construction (so the endpoints can be
+    published), connected once the peer table says who the members are."""
+
+    def __init__(self, ctx: zmq.Context, rank: int, data_addr: str, streams: int, max_frame: int,
+                 secret: bytes, job_id: str, liveness: Liveness, timeout_s: float, name: str = "") -> None:
+        self.rank = rank
+        self.members: list[int] = []
+        self.world = 0
         self.liveness = liveness
-        ids = [ChannelId(clockwise, s) for s in range(streams) for clockwise in (True, False)]
+        ids = [ChannelId(clockwise, s, name) for s in range(streams) for clockwise in (True, False)]
         self.channels = [
-            Channel(ctx, cid, rank, world, data_addr, max_frame, secret, job_id, liveness, timeout_s) for cid in ids
+            Channel(ctx, cid, rank, data_addr, max_frame, secret, job_id, liveness, timeout_s) for cid in ids
         ]
 
     def endpoints(self) -> dict[str, str]:
         return {ch.id.name: ch.endpoint for ch in self.channels}
 
-    def connect(self, table: dict[int, dict[str, str]]) -> None:
+    def connect(self, table: dict[int, dict[str, str]], members: list[int]) -> None:
+        self.members, self.world = members, len(members)
         for ch in self.channels:
+            ch.place(members)
             peer = table.get(ch.next_rank, {})
             if ch.id.name not in peer:
                 raise RendezvousError(f"rank {ch.next_rank} published no endpoint for channel {ch.id.name}")

@@ -80,6 +80,12 @@ def no_leftover_processes(request):
         except (ProcessLookupError, ValueError):
             pass
     assert not left, f"processes left behind: {left}"
+    import glob
+
+    segments = glob.glob("/dev/shm/macfleet-*")  # per-job scratch: error files, shared-memory segments
+    for path in segments:
+        subprocess.run(["rm", "-rf", path])
+    assert not segments, f"shared memory left behind: {segments}"
 
 
 @pytest.fixture(scope="session")

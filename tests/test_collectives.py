@@ -34,7 +34,8 @@ def cases(draw: st.DrawFn) -> dict:
     }
 
 
-def run_cases(tmp_path, world: int, case_list: list[dict], env: dict[str, str] | None = None) -> None:
+def run_cases(tmp_path, world: int, case_list: list[dict], env: dict[str, str] | None = None,
+              hosts: list[str] | None = None) -> None:
     for case in case_list:
         case["src"] %= world
     cases_file = tmp_path / "cases.json"
@@ -43,8 +44,8 @@ def run_cases(tmp_path, world: int, case_list: list[dict], env: dict[str, str] |
     out.mkdir(exist_ok=True)
     for old in out.iterdir():
         old.unlink()
-    job = run_launch("--nproc", str(world), str(BIN / "collective_cases.py"), str(cases_file), str(out),
-                     env=env, timeout=240)
+    where = hosts or ["--nproc", str(world)]
+    job = run_launch(*where, str(BIN / "collective_cases.py"), str(cases_file), str(out), env=env, timeout=240)
     assert job.code == 0, job.output
     reports = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
     for report in reports:
@@ -54,13 +55,15 @@ def run_cases(tmp_path, world: int, case_list: list[dict], env: dict[str, str] |
 
 # (world size, environment): the paths a collective can take. Tiny chunks and a tiny latency
 # threshold force the pipelined multi-chunk, multi-part ring even for small tensors.
+TCP = {"MACFLEET_SHM": "0"}
 PATHS = {
     "w1": (1, {}),
     "w2-default": (2, {}),
-    "w3-tiny-chunks-2-streams": (3, {"MACFLEET_CHUNK_BYTES": "4096", "MACFLEET_SMALL_BYTES": "256",
-                                     "MACFLEET_STREAMS": "2"}),
-    "w4-tiny-chunks": (4, {"MACFLEET_CHUNK_BYTES": "1000", "MACFLEET_SMALL_BYTES": "64"}),
-    "w8-default": (8, {}),
+    "w3-shm-tiny-slots": (3, {"MACFLEET_SHM_SLOT_BYTES": "4096", "MACFLEET_SMALL_BYTES": "256"}),
+    "w3-tcp-tiny-chunks-2-streams": (3, {**TCP, "MACFLEET_CHUNK_BYTES": "4096", "MACFLEET_SMALL_BYTES": "256",
+                                         "MACFLEET_STREAMS": "2"}),
+    "w4-tcp-tiny-chunks": (4, {**TCP, "MACFLEET_CHUNK_BYTES": "1000", "MACFLEET_SMALL_BYTES": "64"}),
+    "w8-default": (8, {"MACFLEET_SMALL_BYTES": "512"}),
 }
 
 
@@ -78,3 +81,21 @@ def test_all_reduce_of_more_than_100_mib_is_exact(tmp_path) -> None:
         {"kind": "all_reduce", "dtype": "float32", "numel": numel, "seed": 7, "op": "sum", "src": 0},
         {"kind": "all_reduce", "dtype": "int64", "numel": numel // 2, "seed": 8, "op": "max", "src": 0},
     ], env={"MACFLEET_STREAMS": "2"})
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case_list=st.lists(cases(), min_size=12, max_size=24))
+def test_hierarchical_all_reduce_across_hosts_is_exact(sshd, tmp_path, case_list: list[dict]) -> None:
+    """Shared memory inside each "host", a ring of host leaders between them (uneven slots)."""
+    run_cases(tmp_path, 5, case_list, {"MACFLEET_SHM_SLOT_BYTES": "8192", "MACFLEET_SMALL_BYTES": "128"},
+              hosts=["--hosts", "127.0.0.2:2,127.0.0.3:1,127.0.0.1:2", *sshd.launch_options()])
+
+
+def test_shared_memory_is_gone_after_the_job(tmp_path) -> None:
+    """The segment is unlinked once every rank has mapped it, and the agent's directory removed."""
+    import glob
+
+    before = set(glob.glob("/dev/shm/macfleet-*"))
+    run_cases(tmp_path, 3, [{"kind": "all_reduce", "dtype": "float32", "numel": 300_001, "seed": 1, "op": "sum",
+                             "src": 0}])
+    assert set(glob.glob("/dev/shm/macfleet-*")) == before

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -103,6 +104,7 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: st
         "MACFLEET_DATA_ADDR": data_addr,
         "MACFLEET_HOST": spec.host,
         "MACFLEET_AGENT_PID": str(os.getpid()),
+        "MACFLEET_SHM_DIR": os.path.dirname(error_file),
         "MACFLEET_JOB_SECRET": spec.secret_hex,
         "PYTHONUNBUFFERED": "1",  # stream lines live, not at exit
     })
@@ -128,7 +130,9 @@ class Agent:
         self.client = ControlClient(self.ctx, spec.coordinator, bytes.fromhex(spec.secret_hex), spec.job_id,
                                     f"agent-{spec.host_index}")
         self.workers: list[Worker] = []
-        self.tmpdir = tempfile.mkdtemp(prefix=f"macfleet-{spec.job_id}-")
+        # per-job scratch: error files and the shared-memory segment (RAM-backed where /dev/shm exists)
+        self.tmpdir = tempfile.mkdtemp(prefix=f"macfleet-{spec.job_id}-",
+                                       dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         self.out_lock = threading.Lock()
         self.launcher_gone = threading.Event()
         self.stop_reason: str | None = None
@@ -268,9 +272,7 @@ class Agent:
         self.client.send(protocol.DONE, host_index=self.spec.host_index)
         self.client.close()
         self.ctx.destroy(linger=1000)
-        for w in self.workers:
-            _remove(w.error_file)
-        _remove(self.tmpdir)
+        shutil.rmtree(self.tmpdir, ignore_errors=True)  # error files, and any segment a crash left
         return 0 if all(w.exit and w.exit.code == 0 for w in self.workers) else 1
 
     def _watch_stdin(self) -> None:
@@ -306,13 +308,6 @@ def _read_json(path: str) -> dict | None:
             return json.load(f)
     except (OSError, ValueError):
         return None
-
-
-def _remove(path: str) -> None:
-    try:
-        os.rmdir(path) if os.path.isdir(path) else os.remove(path)
-    except OSError:
-        pass
 
 
 def main() -> None:
