@@ -118,6 +118,11 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: st
         env.setdefault("PYTORCH_MPS_HIGH_WATERMARK_RATIO", str(fraction))
         env.setdefault("PYTORCH_MPS_LOW_WATERMARK_RATIO", str(round(fraction * 0.8, 4)))
     env.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
+    # Scripts that use torch.distributed (gloo) themselves: make gloo use the data-plane address,
+    # not whatever the hostname resolves to (often loopback, which breaks multi-host jobs).
+    iface = netaddr.interface_of(data_addr) if "GLOO_SOCKET_IFNAME" not in env else None
+    if iface:
+        env["GLOO_SOCKET_IFNAME"] = iface
     if spec.slots > 1:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.slots)))
     return env
