@@ -106,7 +106,7 @@ class Collectives:
             meta = {"c": "all_reduce", "numel": numel, "dtype": str(tensor.dtype), "rop": op}
             reducer = REDUCERS[op]
             if self.shared_memory and numel * work.element_size() > self.small_bytes:
-                self._reduce_hierarchical(op_id, tensor.reshape(-1), work, raw, reducer, meta)
+                self._reduce_hierarchical(op_id, tensor.reshape(-1), work, raw, op, meta)
             else:
                 if not in_place:
                     work.copy_(tensor.reshape(-1))  # blocking device->host copy (and upcast), see mps-facts.md
@@ -168,11 +168,12 @@ class Collectives:
 
     # -- algorithms -------------------------------------------------------------------------
     def _reduce_hierarchical(self, op_id: int, flat: torch.Tensor, work: torch.Tensor, raw: memoryview,
-                             reducer: Reducer, meta: dict) -> None:
+                             op: str, meta: dict) -> None:
         """Reduce inside the host through shared memory, across hosts on the leaders' ring, then
         hand the result back inside the host. On one host only the first step runs."""
+        reducer = REDUCERS[op]
         if self.local is not None:
-            self.local.all_reduce(flat, work, reducer)  # straight from the tensor (any device) into the slot
+            self.local.all_reduce(flat, work, "sum" if op == "avg" else op)  # from the tensor (any device) into the slot
         else:
             work.copy_(flat)
         steps = ["shared memory"] if self.local is not None else []

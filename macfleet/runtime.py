@@ -78,7 +78,8 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     streams = streams or int(os.environ.get("MACFLEET_STREAMS", "1"))
     if streams < 1:
         raise ConfigError(f"streams must be >= 1, not {streams}")
-    ctx = zmq.Context(io_threads=max(1, min(4, streams)))
+    # one I/O thread per ring channel (both directions x streams), so no channel waits on another's
+    ctx = zmq.Context(io_threads=min(16, 2 * streams))
     liveness = Liveness()
     timeout_s = timeout_s or DEFAULT_TIMEOUT_S
     ring = local = leaders = None

@@ -2,9 +2,9 @@
 
 On Apple silicon memory moves at 100-800 GB/s while loopback TCP moves a few, so the ranks
 that share a Mac reduce through one shared segment: each rank copies its tensor into its own
-slot, waits at a barrier, reduces one segment of every slot (its share) in place, waits
-again, and copies all reduced segments out. Every element is reduced by one rank in a fixed
-order, so all ranks get the same bits. Slots are double-buffered, so the next round can start
+slot, waits at a barrier, reduces its share of the elements across every slot (one strided
+pass) into a result slot, waits again, and copies the result out. Every element is reduced by
+one rank, so all ranks get the same bits. Buffers are doubled, so the next round can start
 while slow ranks still copy out of the previous one.
 
 The segment is a file in the agent's per-job directory (under /dev/shm where there is one).
@@ -43,7 +43,7 @@ class LocalGroup:
         self._generation = 0
         self._round = 0
         self._lock = threading.Lock()
-        total = 2 * size * self.slot_bytes
+        total = 2 * (size + 1) * self.slot_bytes  # two buffers of: one slot per rank, one for the result
         if index == 0:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             os.ftruncate(fd, total)
@@ -72,7 +72,7 @@ class LocalGroup:
         """Map the segment and connect the barrier (the leader created both before rendezvous)."""
         if self._fd < 0:
             self._fd = os.open(self.path, os.O_RDWR)
-        self._mmap = mmap.mmap(self._fd, 2 * self.size * self.slot_bytes)
+        self._mmap = mmap.mmap(self._fd, 2 * (self.size + 1) * self.slot_bytes)
         os.close(self._fd)
         self.raw = torch.frombuffer(self._mmap, dtype=torch.uint8)
         targets = [self._endpoint("gather")] if self.index else [self._endpoint(f"release-{i}") for i in range(1, self.size)]
@@ -118,36 +118,47 @@ class LocalGroup:
 
     # -- the all-reduce ---------------------------------------------------------------------
     def slot(self, buffer: int, index: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """Rank ``index``'s slot of ``buffer`` (``index == size``: the result slot)."""
         assert self.raw is not None
-        start = (buffer * self.size + index) * self.slot_bytes
+        start = (buffer * (self.size + 1) + index) * self.slot_bytes
         return self.raw[start: start + numel * dtype.itemsize].view(dtype)
 
-    def all_reduce(self, src: torch.Tensor, out: torch.Tensor, reducer) -> None:
-        """``out`` = reduction over this host's ranks of ``src`` (flat tensors; ``out`` may be ``src``).
-        ``src`` may be on a device: it is copied (blocking) straight into this rank's slot."""
+    def slots(self, buffer: int, dtype: torch.dtype) -> torch.Tensor:
+        """Every rank's slot of ``buffer`` as rows of one strided tensor ``[size, slot elements]``."""
+        assert self.raw is not None
+        start = buffer * (self.size + 1) * self.slot_bytes
+        return self.raw[start: start + self.size * self.slot_bytes].view(dtype).view(self.size, -1)
+
+    def all_reduce(self, src: torch.Tensor, out: torch.Tensor, op: str) -> None:
+        """``out`` = reduction (``sum``, ``max``, ``min``) over this host's ranks of ``src`` (flat
+        tensors; ``out`` may be ``src``). ``src`` may be on a device: it is copied (blocking)
+        straight into this rank's slot."""
         dtype = out.dtype
         per_round = self.slot_bytes // dtype.itemsize
         for start in range(0, src.numel(), per_round):
             stop = min(start + per_round, src.numel())
-            self._round_reduce(src[start:stop], out[start:stop], reducer)
+            self._round_reduce(src[start:stop], out[start:stop], op)
 
-    def _round_reduce(self, src: torch.Tensor, out: torch.Tensor, reducer) -> None:
+    def _round_reduce(self, src: torch.Tensor, out: torch.Tensor, op: str) -> None:
         n, dtype = src.numel(), out.dtype
         buf = self._round % 2
         self._round += 1
         self.slot(buf, self.index, dtype, n).copy_(src)
         self.barrier()  # every slot holds its rank's data
-        segments = split_evenly(n, self.size)
-        a, b = segments[self.index]
-        if b > a:
-            mine = self.slot(buf, self.index, dtype, n)[a:b]
-            for j in range(self.size):  # fixed order: the same bits whichever rank computes it
-                if j != self.index:
-                    reducer(mine, self.slot(buf, j, dtype, n)[a:b])
-        self.barrier()  # every segment is reduced, in its owner's slot
-        for j, (a, b) in enumerate(segments):
-            if b > a:
-                out[a:b].copy_(self.slot(buf, j, dtype, n)[a:b])
+        a, b = split_evenly(n, self.size)[self.index]
+        if b > a:  # our share: one pass reading every rank's slot, into the result slot
+            inputs = self.slots(buf, dtype)[:, a:b]
+            result = self.slot(buf, self.size, dtype, n)[a:b]
+            if op == "sum" and self.size == 2:  # measured: one add beats a two-row strided sum
+                torch.add(inputs[0], inputs[1], out=result)
+            elif op == "max":
+                torch.amax(inputs, dim=0, out=result)
+            elif op == "min":
+                torch.amin(inputs, dim=0, out=result)
+            else:
+                torch.sum(inputs, dim=0, dtype=dtype, out=result)
+        self.barrier()  # the result slot is complete
+        out.copy_(self.slot(buf, self.size, dtype, n))
 
     def broadcast_from_leader(self, data: torch.Tensor) -> None:
         """The leader's ``data`` to every rank of this host (``data`` is overwritten on the others)."""

@@ -66,7 +66,7 @@ class Channel:
     """
 
     def __init__(self, ctx: zmq.Context, cid: ChannelId, rank: int, data_addr: str, max_frame: int, secret: bytes,
-                 job_id: str, liveness: Liveness, timeout_s: float) -> None:
+                 job_id: str, liveness: Liveness, timeout_s: float, io_thread: int | None = None) -> None:
         self.id = cid
         self.rank = rank
         self.next_rank = self.prev_rank = self.position = -1  # see place()
@@ -78,6 +78,8 @@ class Channel:
         self._seq_in = 0
         self._op = -1
         self.pull = ctx.socket(zmq.PULL)
+        if io_thread is not None:
+            self.pull.setsockopt(zmq.AFFINITY, 1 << io_thread)  # before bind: affinity applies to new connections
         self.pull.setsockopt(zmq.MAXMSGSIZE, max_frame + HEADER_SLACK)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.setsockopt(zmq.RCVHWM, 0)  # bounded by the schedule; never drop a legit frame
@@ -85,6 +87,9 @@ class Channel:
         self.endpoint: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
         self.push = ctx.socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 0)
+        if io_thread is not None:  # each channel on its own I/O thread: one thread caps at one flow's worth
+            for sock in (self.pull, self.push):
+                sock.setsockopt(zmq.AFFINITY, 1 << io_thread)
         self.push.setsockopt(zmq.SNDHWM, 0)
         self.push.setsockopt(zmq.IMMEDIATE, 1)
 
@@ -201,8 +206,11 @@ class Ring:
         self.world = 0
         self.liveness = liveness
         ids = [ChannelId(clockwise, s, name) for s in range(streams) for clockwise in (True, False)]
+        threads = ctx.get(zmq.IO_THREADS)
         self.channels = [
-            Channel(ctx, cid, rank, data_addr, max_frame, secret, job_id, liveness, timeout_s) for cid in ids
+            Channel(ctx, cid, rank, data_addr, max_frame, secret, job_id, liveness, timeout_s,
+                    io_thread=k % threads if threads > 1 else None)
+            for k, cid in enumerate(ids)
         ]
 
     def endpoints(self) -> dict[str, str]:

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One batch of measurements on the device machine (CUDA standing in for Metal, 16 cores).
+# Usage there: bash benchmarks/device_run.sh PART   (PART: allreduce | gpu | train | all)
+set -u
+part=${1:-all}
+OUT=${OUT:-/tmp/out}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . \
+  || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+REPO=$(pwd)
+mkdir -p /tmp/run && cd /tmp/run  # not the repo root: its macfleet/ source folder would shadow the install
+mf() { python3 -m macfleet.launcher.cli "$@"; }
+nproc; python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))"
+if [ "$part" = allreduce ] || [ "$part" = all ]; then
+  for n in 2 4 8; do
+    mf bench allreduce --nproc $n --sizes 4K,1M,16M,64M,256M --budget 1 --json $OUT/allreduce_shm_$n.json
+    MACFLEET_SHM=0 mf bench allreduce --nproc $n --sizes 4K,1M,16M,64M,256M --budget 1 --json $OUT/allreduce_tcp_$n.json
+  done
+  MACFLEET_SHM=0 MACFLEET_STREAMS=2 mf bench allreduce --nproc 4 --sizes 16M,64M,256M --budget 1 --json $OUT/allreduce_tcp_4_streams2.json
+fi
+if [ "$part" = gpu ] || [ "$part" = all ]; then
+  for n in 2 4; do mf launch --nproc $n --device cuda $REPO/tests/bin/cuda_check.py; done
+  mf launch --nproc 2 --device cuda $REPO/examples/mnist/train.py --epochs 1 --train-url /tmp/mnist2
+  mf launch --nproc 4 --device cuda $REPO/examples/mnist/train.py --epochs 1 --train-url /tmp/mnist4
+fi

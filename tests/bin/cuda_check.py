@@ -1,0 +1,56 @@
+"""The GPU path on CUDA (standing in for Metal): run under `macfleet launch --device cuda`.
+
+Checks on every rank, printing one line of JSON: collectives on CUDA tensors (exact), the
+DataParallel oracle on CUDA against a CPU run of the whole batch, and the memory fraction.
+"""
+
+import json
+import sys
+
+import torch
+from torch import nn
+
+import macfleet
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import oracle  # noqa: E402
+
+macfleet.init()
+rank, world, dev = macfleet.rank(), macfleet.world_size(), macfleet.device()
+out = {"rank": rank, "device": str(dev)}
+for dtype in (torch.float32, torch.float16, torch.bfloat16):
+    t = (torch.arange(100_003, device=dev) % 5).to(dtype) + rank
+    macfleet.all_reduce(t)
+    want = ((torch.arange(100_003) % 5).double() * world + sum(range(world))).to(dtype)
+    out[f"all_reduce_{dtype}"] = bool(torch.equal(t.cpu(), want)) and t.device.type == "cuda"
+b = torch.full((7,), float(rank), device=dev)
+macfleet.broadcast(b, 1 % world)
+out["broadcast"] = bool((b.cpu() == 1 % world).all())
+# the training oracle on the GPU
+model = macfleet.DataParallel(oracle.make_model().to(dev))
+opt = oracle.make_optimizer(model)
+x, y = oracle.make_batch()
+shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
+for _ in range(6):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x[shard].to(dev)), y[shard].to(dev)).backward()
+    opt.step()
+ref = oracle.make_model()
+ref_opt = oracle.make_optimizer(ref)
+for _ in range(6):
+    ref_opt.zero_grad()
+    nn.functional.cross_entropy(ref(x), y).backward()
+    ref_opt.step()
+out["oracle_max_diff"] = max((p.detach().cpu() - q.detach()).abs().max().item()
+                             for p, q in zip(model.module.parameters(), ref.parameters()))
+# memory fraction: asking for more than this process's share must fail
+total = torch.cuda.get_device_properties(dev).total_memory
+out["memory_fraction_env"] = float(__import__("os").environ.get("MACFLEET_MEMORY_FRACTION", "0"))
+try:
+    big = torch.empty(int(total * 0.6), dtype=torch.uint8, device=dev)
+    out["over_share_allocation"] = "allowed"
+    del big
+except torch.OutOfMemoryError:
+    out["over_share_allocation"] = "refused"
+print("CUDA " + json.dumps(out), flush=True)
+macfleet.shutdown()
