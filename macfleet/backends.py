@@ -69,6 +69,19 @@ class Device:
     def synchronize(self) -> None:
         return None
 
+    # Staging: device tensors to and from reusable host buffers, for the communication thread.
+    def to_host(self, src: torch.Tensor, dst: torch.Tensor, ready: HostEvent) -> None:
+        """Wait (on the host) until ``ready``, then copy ``src`` into host buffer ``dst``, blocking."""
+        ready.synchronize()
+        dst.copy_(src)  # non_blocking=False: complete when it returns (mps-facts.md checklist 6)
+
+    def from_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    def staged(self) -> None:
+        """Make the work queue of the training thread see every ``from_host`` copy so far."""
+        return None
+
     def check_dtype(self, tensor: torch.Tensor, name: str) -> None:
         if tensor.dtype in self.unsupported_dtypes:
             raise ConfigError(
@@ -106,6 +119,31 @@ class CudaDevice(Device):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.index)
+
+    # A side stream for staging: a copy on the training stream would queue behind every kernel
+    # backward launched after the bucket's event. The side stream waits for that event only (a
+    # wait on our own computation, never on the network), and the host blocks on the copy.
+    def _side_stream(self) -> torch.cuda.Stream:
+        stream = getattr(self, "_side", None)
+        if stream is None:
+            stream = self._side = torch.cuda.Stream(self.index)
+        return stream
+
+    def to_host(self, src: torch.Tensor, dst: torch.Tensor, ready: HostEvent) -> None:
+        stream = self._side_stream()
+        stream.wait_event(ready)  # type: ignore[arg-type]
+        with torch.cuda.stream(stream):
+            dst.copy_(src)  # pageable destination: returns when the copy is done
+        stream.synchronize()
+
+    def from_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        stream = self._side_stream()
+        with torch.cuda.stream(stream):
+            dst.copy_(src)
+        stream.synchronize()
+
+    def staged(self) -> None:
+        torch.cuda.current_stream(self.index).wait_stream(self._side_stream())
 
     def memory(self) -> dict[str, int]:
         return {"allocated": torch.cuda.memory_allocated(self.index), "reserved": torch.cuda.memory_reserved(self.index)}

@@ -38,6 +38,8 @@ SUPPORTED = frozenset({
 WORK_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 TWO_MEMBER_ONE_PASS_BYTES = 1 << 20
+# Wire compression: what crosses the network; the reduction stays in the working dtype.
+WIRE_DTYPES: dict[str, torch.dtype | None] = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 Reducer = Callable[[torch.Tensor, torch.Tensor], object]
 REDUCERS: dict[str, Reducer] = {
     "sum": lambda acc, x: acc.add_(x),
@@ -85,8 +87,13 @@ class Collectives:
         self._host = HostBuffers()
 
     # -- public collectives -----------------------------------------------------------------
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", name: str = "tensor") -> torch.Tensor:
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", name: str = "tensor",
+                   compression: str = "none") -> torch.Tensor:
+        """``compression`` (``fp16``, ``bf16``) casts what crosses the network only; the
+        reduction itself stays float32 on the host."""
         self._check(tensor, name)
+        if compression not in WIRE_DTYPES:
+            raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
         if op not in REDUCE_OPS:
             raise ConfigError(f"all_reduce op {op!r}: choose one of {', '.join(REDUCE_OPS)}")
         if op == "avg" and not tensor.dtype.is_floating_point:
@@ -103,14 +110,15 @@ class Collectives:
                 work, raw = tensor.view(-1), host_memory(tensor)
             else:
                 work, raw = self._host.get("reduce", numel, work_dtype)
-            meta = {"c": "all_reduce", "numel": numel, "dtype": str(tensor.dtype), "rop": op}
+            wire = WIRE_DTYPES[compression] if work_dtype.is_floating_point else None
+            meta = {"c": "all_reduce", "numel": numel, "dtype": str(tensor.dtype), "rop": op, "wire": str(wire)}
             reducer = REDUCERS[op]
             if self.shared_memory and numel * work.element_size() > self.small_bytes:
-                self._reduce_hierarchical(op_id, tensor.reshape(-1), work, raw, op, meta)
+                self._reduce_hierarchical(op_id, tensor.reshape(-1), work, raw, op, meta, wire)
             else:
                 if not in_place:
                     work.copy_(tensor.reshape(-1))  # blocking device->host copy (and upcast), see mps-facts.md
-                self._reduce_on(self.ring, op_id, work, raw, reducer, meta)
+                self._reduce_on(self.ring, op_id, work, raw, reducer, meta, wire)
             if op == "avg":
                 work.div_(self.world)
             if not in_place:
@@ -168,7 +176,7 @@ class Collectives:
 
     # -- algorithms -------------------------------------------------------------------------
     def _reduce_hierarchical(self, op_id: int, flat: torch.Tensor, work: torch.Tensor, raw: memoryview,
-                             op: str, meta: dict) -> None:
+                             op: str, meta: dict, wire: torch.dtype | None) -> None:
         """Reduce inside the host through shared memory, across hosts on the leaders' ring, then
         hand the result back inside the host. On one host only the first step runs."""
         reducer = REDUCERS[op]
@@ -178,26 +186,27 @@ class Collectives:
             work.copy_(flat)
         steps = ["shared memory"] if self.local is not None else []
         if self.leaders is not None:
-            self._reduce_on(self.leaders, op_id, work, raw, reducer, meta)
+            self._reduce_on(self.leaders, op_id, work, raw, reducer, meta, wire)
             steps.append("hosts " + self.last_algorithm)
         if self.local is not None and self.local.size < self.world:
             self.local.broadcast_from_leader(work)
         self.last_algorithm = " + ".join(steps)
 
     def _reduce_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
-                   meta: dict) -> None:
+                   meta: dict, wire: torch.dtype | None = None) -> None:
         # Between two members the one-pass path moves the same bytes as the ring in half the
         # steps; measured faster up to about 1 MiB (benchmarks/, 2 ranks).
         one_pass = max(self.small_bytes, TWO_MEMBER_ONE_PASS_BYTES) if ring.world == 2 else self.small_bytes
         if work.numel() * work.element_size() <= one_pass:
             self.last_algorithm = "latency (one pass)"
-            self._reduce_small(ring, op_id, work, reducer, meta)
+            self._reduce_small(ring, op_id, work, reducer, meta, wire)
         else:
-            self._reduce_ring(ring, op_id, work, raw, reducer, meta)
+            self._reduce_ring(ring, op_id, work, raw, reducer, meta, wire)
 
-    def _reduce_small(self, ring: Ring, op_id: int, work: torch.Tensor, reducer: Reducer, meta: dict) -> None:
+    def _reduce_small(self, ring: Ring, op_id: int, work: torch.Tensor, reducer: Reducer, meta: dict,
+                      wire: torch.dtype | None) -> None:
         numel, n = work.numel(), ring.world
-        blocks, raw = self._host.get("small", n * numel, work.dtype)
+        blocks, raw = self._host.get("small", n * numel, wire or work.dtype)  # blocks travel in the wire dtype
         blocks = blocks.view(n, numel)
         blocks[ring.channels[0].position].copy_(work)
         self._gather_ring(ring, op_id, blocks, raw, meta)
@@ -227,8 +236,10 @@ class Collectives:
         trackers.wait_all()
 
     def _reduce_ring(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
-                     meta: dict) -> None:
+                     meta: dict, wire: torch.dtype | None) -> None:
         numel, size = work.numel(), work.element_size()
+        packed, packed_raw = (work, raw) if wire is None else self._host.get("wire", numel, wire)
+        wsize = packed.element_size()
         parts = max(1, min(len(ring.channels), numel * size // (ring.world * self.min_part_bytes)))
         bounds = split_evenly(numel, parts)
         self.last_algorithm = f"ring x{parts}"
@@ -236,19 +247,25 @@ class Collectives:
         for p in range(1, parts):
             a, b = bounds[p]
             jobs.append(self._pool.submit(  # type: ignore[union-attr]
-                self._reduce_part, ring.channels[p], ring.world, op_id, work[a:b], raw[a * size: b * size], reducer,
-                meta))
+                self._reduce_part, ring.channels[p], ring.world, op_id, work[a:b], packed[a:b],
+                packed_raw[a * wsize: b * wsize], reducer, meta))
         a, b = bounds[0]
         try:
-            self._reduce_part(ring.channels[0], ring.world, op_id, work[a:b], raw[a * size: b * size], reducer, meta)
+            self._reduce_part(ring.channels[0], ring.world, op_id, work[a:b], packed[a:b],
+                              packed_raw[a * wsize: b * wsize], reducer, meta)
         finally:
             for job in jobs:
                 job.result()
 
-    def _reduce_part(self, ch: Channel, n: int, op_id: int, x: torch.Tensor, raw: memoryview, reducer: Reducer,
-                     meta: dict) -> None:
-        """Reduce-scatter then all-gather of ``x`` on one channel of an ``n``-member ring, chunk by chunk."""
-        i, size = ch.position, x.element_size()
+    def _reduce_part(self, ch: Channel, n: int, op_id: int, x: torch.Tensor, packed: torch.Tensor, raw: memoryview,
+                     reducer: Reducer, meta: dict) -> None:
+        """Reduce-scatter then all-gather of ``x`` on one channel of an ``n``-member ring, chunk by chunk.
+
+        ``packed``/``raw`` is what goes on the wire: ``x`` itself, or a same-length buffer in the
+        compressed dtype (then each chunk is cast just before it is sent, and back as it arrives).
+        """
+        i, size = ch.position, packed.element_size()
+        cast = packed is not x
         segments = split_evenly(x.numel(), n)
         step = self._chunk_elems(x)
         ch.begin(op_id)
@@ -257,22 +274,29 @@ class Collectives:
         def chunks(k: int) -> list[tuple[int, int]]:
             return _chunks(*segments[k % n], step)
 
-        for a, b in chunks(i):
+        def send(a: int, b: int) -> None:
+            if cast:
+                packed[a:b].copy_(x[a:b])
             trackers.add(a, ch.send(raw[a * size: b * size], meta))
+
+        for a, b in chunks(i):
+            send(a, b)
         # Reduce-scatter: add what the previous rank sends into our copy, pass the sum on. The
         # last step's sums are final, so passing them on is already the first all-gather step.
         for s in range(n - 1):
             for a, b in chunks(i - s - 1):
                 ch.recv_header((b - a) * size, meta)
                 frame = ch.recv_frame()
-                reducer(x[a:b], torch.frombuffer(frame.buffer, dtype=x.dtype))
-                trackers.add(a, ch.send(raw[a * size: b * size], meta))
+                reducer(x[a:b], torch.frombuffer(frame.buffer, dtype=packed.dtype))  # in x's dtype (float32)
+                send(a, b)
         # All-gather: receive final segments straight into place.
         for s in range(n - 1):
             for a, b in chunks(i - s):
                 ch.recv_header((b - a) * size, meta)
                 trackers.wait(a)  # our own earlier send of this region must be off the buffer first
                 ch.recv_into(raw[a * size: b * size])
+                if cast:
+                    x[a:b].copy_(packed[a:b])
                 if s < n - 2:
                     trackers.add(a, ch.send(raw[a * size: b * size], meta))
         trackers.wait_all()

@@ -1,43 +1,120 @@
-"""``macfleet.DataParallel``: gradients averaged over all ranks during ``backward()``.
+"""``macfleet.DataParallel``: gradients averaged over all ranks while backward is still running.
 
-At construction, rank 0's parameters and buffers are broadcast so every rank starts equal.
-During backward, a hook on each parameter notices the first gradient and queues one callback
-that runs when the autograd engine has finished: it records a device event, waits for it on
-the host (never on the GPU: a late peer must not stall Metal's command queue), stages the
-gradients to a host buffer, averages them over the ring and copies them back. When
-``loss.backward()`` returns, every rank holds the same averaged gradients, so
+At construction, rank 0's parameters and buffers are broadcast so every rank starts equal,
+and the parameters are laid out in buckets (reverse registration order, which is roughly the
+order backward produces their gradients; the first bucket small so communication starts
+early, the rest up to ``bucket_cap_mb``). Each bucket is one flat tensor on the device and the
+parameters' ``.grad`` are views into it, so a bucket leaves the device in one copy.
+
+During backward, a hook on each parameter notes its gradient. When a bucket is complete the
+hook records a device event and hands the bucket to a communication thread, and backward goes
+on. That thread takes buckets strictly in index order (the same on every rank, whatever order
+they became ready in), waits for each one's event on the host (never on the GPU: a late peer
+must not stall Metal's command queue), stages it to a reused host buffer, averages it over the
+ring and copies it back. A callback at the end of backward waits for the last bucket, so when
+``loss.backward()`` returns every rank holds the same averaged gradients and
 ``optimizer.step()`` needs no change.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from macfleet import runtime as rt
+from macfleet.backends import Device, HostEvent
+from macfleet.collectives import WIRE_DTYPES
+from macfleet.errors import ConfigError
+
+
+@dataclass
+class Bucket:
+    index: int
+    params: list[nn.Parameter]
+    names: list[str]
+    offsets: list[int]
+    flat: torch.Tensor  # on the device; the parameters' .grad are views into it
+    host: torch.Tensor | None = None  # reused staging buffer (None when the device is the host)
+    pending: set[int] = field(default_factory=set)  # ids of parameters whose gradient has not come yet
+
+    def view(self, k: int) -> torch.Tensor:
+        p = self.params[k]
+        return self.flat[self.offsets[k]: self.offsets[k] + p.numel()].view_as(p)
 
 
 class DataParallel(nn.Module):
-    def __init__(self, module: nn.Module, broadcast_buffers: bool = True) -> None:
+    """Wrap ``module`` so that ``backward()`` leaves every rank with the average gradient.
+
+    ``bucket_cap_mb``/``first_bucket_mb``: bucket sizes (DDP's defaults). ``broadcast_buffers``:
+    send rank 0's buffers (e.g. BatchNorm statistics) to all ranks at every training forward.
+    ``find_unused_parameters``: parameters that get no gradient in a step count as zero
+    instead of being an error. ``compression``: ``"fp16"``/``"bf16"`` halve the bytes on the
+    network (reduction stays float32 on the host).
+    """
+
+    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,
+                 broadcast_buffers: bool = True, find_unused_parameters: bool = False,
+                 compression: str = "none") -> None:
         super().__init__()
+        if compression not in WIRE_DTYPES:
+            raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
         self.module = module
         self.runtime = rt.runtime()
         self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.compression = compression
         self.require_backward_grad_sync = True
-        self._named_params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.last_wait_s = 0.0  # how long the end of the last backward waited for communication
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        for name, p in named:
+            self.runtime.device.check_dtype(p, f"parameter {name!r}")
+        self.buckets: list[Bucket] = []
+        self._where: dict[int, tuple[Bucket, int]] = {}
         self._queued = False
-        for name, p in self._named_params:
-            rt.runtime().device.check_dtype(p, f"parameter {name!r}")
+        self._comm: _CommThread | None = None
         if self.runtime.world_size > 1:
             with torch.no_grad():
                 _broadcast_flat([p for _, p in module.named_parameters()], "parameters")
                 _broadcast_flat(list(module.buffers()), "buffers")
-            for _, p in self._named_params:
+            self._build_buckets(named[::-1], int(first_bucket_mb * 2**20), int(bucket_cap_mb * 2**20))
+            for _, p in named:
                 p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
+    # -- layout -------------------------------------------------------------------------------
+    def _build_buckets(self, named: list[tuple[str, nn.Parameter]], first_cap: int, cap: int) -> None:
+        groups: list[list[tuple[str, nn.Parameter]]] = []
+        size = 0
+        for name, p in named:
+            limit = first_cap if len(groups) <= 1 else cap
+            same_kind = groups and groups[-1][0][1].dtype == p.dtype and groups[-1][0][1].device == p.device
+            if not groups or not same_kind or size + p.numel() * p.element_size() > limit and groups[-1]:
+                groups.append([])
+                size = 0
+            groups[-1].append((name, p))
+            size += p.numel() * p.element_size()
+        for index, group in enumerate(groups):
+            offsets, total = [], 0
+            for _, p in group:
+                offsets.append(total)
+                total += p.numel()
+            first = group[0][1]
+            flat = torch.zeros(total, dtype=first.dtype, device=first.device)
+            host = None if first.device.type == "cpu" else torch.zeros(total, dtype=first.dtype)
+            bucket = Bucket(index, [p for _, p in group], [n for n, _ in group], offsets, flat, host)
+            for k, (_, p) in enumerate(group):
+                self._where[id(p)] = (bucket, k)
+                with torch.no_grad():
+                    p.grad = bucket.view(k)  # gradients accumulate straight into the bucket
+            self.buckets.append(bucket)
+
+    # -- training-time behaviour --------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.broadcast_buffers and self.runtime.world_size > 1 and self.training:
             with torch.no_grad():
@@ -53,33 +130,120 @@ class DataParallel(nn.Module):
         finally:
             self.require_backward_grad_sync = previous
 
-    def _on_grad_ready(self, _: torch.Tensor) -> None:
-        if self.require_backward_grad_sync and not self._queued:
+    def _on_grad_ready(self, p: torch.Tensor) -> None:
+        if not self.require_backward_grad_sync:
+            return
+        if not self._queued:  # first gradient of this backward: arm the step
             self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._average_gradients)
+            for bucket in self.buckets:
+                bucket.pending = {id(q) for q in bucket.params}
+            if self._comm is None:
+                self._comm = _CommThread(self.compression, len(self.buckets), self.runtime.device)
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        bucket, k = self._where[id(p)]
+        self._adopt(bucket, k)
+        bucket.pending.discard(id(p))
+        if not bucket.pending:
+            self._comm.submit(bucket, self.runtime.device.record_event())  # type: ignore[union-attr]
 
-    def _average_gradients(self) -> None:
+    def _adopt(self, bucket: Bucket, k: int) -> None:
+        """Make the parameter's gradient the bucket's view again (zero_grad(set_to_none=True)
+        or an optimizer may have replaced it), keeping what was accumulated."""
+        p, view = bucket.params[k], bucket.view(k)
+        if p.grad is None:
+            view.zero_()
+        elif p.grad.data_ptr() != view.data_ptr():
+            view.copy_(p.grad)
+        else:
+            return
+        p.grad = view
+
+    def _finish_backward(self) -> None:
+        """End of backward: launch buckets whose parameters got no gradient, then wait for all."""
         self._queued = False
-        self.runtime.device.record_event().synchronize()
-        params = [p for _, p in self._named_params]
-        for p in params:
-            if p.grad is None:  # unused on this rank: contribute zeros, every rank sends the same layout
-                p.grad = torch.zeros_like(p)
-        with torch.no_grad():
-            for group in _by_dtype(params):
-                flat = torch.cat([p.grad.reshape(-1) for p in group])
-                rt.all_reduce(flat, "avg", name="gradients")
-                offset = 0
-                for p in group:
-                    n = p.numel()
-                    p.grad.copy_(flat[offset: offset + n].view_as(p.grad))
-                    offset += n
+        comm = self._comm
+        assert comm is not None
+        unused = [(b, k) for b in self.buckets for k, p in enumerate(b.params) if id(p) in b.pending]
+        if unused and not self.find_unused_parameters:
+            names = ", ".join(b.names[k] for b, k in unused[:5]) + (" ..." if len(unused) > 5 else "")
+            comm.fail(ConfigError(
+                f"parameters got no gradient in this step: {names}. Every rank must produce a gradient for "
+                f"every parameter (pass find_unused_parameters=True to DataParallel to count them as zero)"))
+        else:
+            for bucket, k in unused:
+                self._adopt(bucket, k)
+                bucket.pending.discard(id(bucket.params[k]))
+                if not bucket.pending:
+                    comm.submit(bucket, self.runtime.device.record_event())
+        started = time.perf_counter()
+        comm.wait_all()
+        self.runtime.device.staged()  # later device work (optimizer.step) sees the averaged gradients
+        self.last_wait_s = time.perf_counter() - started
+
+
+class _CommThread:
+    """Takes ready buckets and averages them over the ring, in bucket-index order."""
+
+    def __init__(self, compression: str, count: int, device: Device) -> None:
+        self.compression, self.count, self.device = compression, count, device
+        self.ready: queue.Queue[tuple[Bucket, HostEvent]] = queue.Queue()
+        self.done = threading.Condition()
+        self.finished = 0  # buckets averaged in the current step
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="macfleet-buckets", daemon=True)
+        self.thread.start()
+
+    def submit(self, bucket: Bucket, event: HostEvent) -> None:
+        self.ready.put((bucket, event))
+
+    def fail(self, error: BaseException) -> None:
+        with self.done:
+            self.error = error
+            self.done.notify_all()
+
+    def wait_all(self) -> None:
+        """Until every bucket of this step is averaged (collectives have deadlines and turn an
+        abort into an error, which arrives here through fail())."""
+        with self.done:
+            while self.finished < self.count and self.error is None:
+                self.done.wait(0.1)
+            error, self.error = self.error, None
+            self.finished = 0
+        if error is not None:
+            raise error
+
+    def _run(self) -> None:
+        waiting: dict[int, tuple[Bucket, HostEvent]] = {}
+        next_index = 0
+        while True:
+            bucket, event = self.ready.get()
+            waiting[bucket.index] = (bucket, event)
+            while next_index in waiting:  # fixed order on every rank: a mismatch would hang or corrupt
+                bucket, event = waiting.pop(next_index)
+                try:
+                    self._average(bucket, event)
+                except BaseException as exc:  # surfaces in the training thread at the end of backward
+                    self.fail(exc)
+                with self.done:
+                    self.finished += 1
+                    self.done.notify_all()
+                next_index = (next_index + 1) % self.count
+
+    def _average(self, bucket: Bucket, event: HostEvent) -> None:
+        name = f"gradient bucket {bucket.index}"
+        if bucket.host is None:  # the device is the host: average the bucket where it is
+            event.synchronize()
+            rt.all_reduce(bucket.flat, "avg", name=name, compression=self.compression)
+            return
+        self.device.to_host(bucket.flat, bucket.host, event)  # the host waits for the event; the GPU never waits on us
+        rt.all_reduce(bucket.host, "avg", name=name, compression=self.compression)
+        self.device.from_host(bucket.host, bucket.flat)
 
 
 def _by_dtype(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for t in tensors:
-        groups.setdefault(t.dtype, []).append(t)
+        groups.setdefault((t.dtype, t.device), []).append(t)
     return list(groups.values())
 
 

@@ -272,13 +272,15 @@ def device() -> torch.device:
     return runtime().device.torch_device
 
 
-def all_reduce(tensor: torch.Tensor, op: str = "sum", name: str = "tensor") -> torch.Tensor:
-    """Reduce ``tensor`` in place over all ranks (``sum``, ``avg``, ``max`` or ``min``) and return it."""
+def all_reduce(tensor: torch.Tensor, op: str = "sum", name: str = "tensor", compression: str = "none") -> torch.Tensor:
+    """Reduce ``tensor`` in place over all ranks (``sum``, ``avg``, ``max`` or ``min``) and return it.
+
+    ``compression="fp16"|"bf16"`` halves the bytes on the network (the sum is still float32)."""
     rt = runtime()
     if rt.collectives is None:
         rt.device.check_dtype(tensor, name)
         return tensor
-    return rt.collectives.all_reduce(tensor, op, name)
+    return rt.collectives.all_reduce(tensor, op, name, compression)
 
 
 def broadcast(tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch.Tensor:

@@ -1,0 +1,109 @@
+"""DataParallel cases against the single-process oracle: ``dp_cases.py CASE OUT``.
+
+Cases: ``buckets`` (one bucket per parameter), ``order`` (ranks make gradients ready in
+opposite orders), ``no_sync`` (two micro-batches per step), ``unused`` / ``unused-allowed``
+(a parameter that gets no gradient), ``fp16`` / ``bf16`` (wire compression), ``buffers``
+(BatchNorm statistics broadcast from rank 0). Rank 0 saves its parameters to OUT.
+"""
+
+import sys
+
+import torch
+from torch import nn
+
+import macfleet
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import oracle  # noqa: E402
+
+STEPS = 6
+
+
+class TwoBranches(nn.Module):
+    """Rank-dependent forward order, so backward makes gradients ready in a rank-dependent order."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.a = nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 3))
+        self.b = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 3))
+        self.first = "a"
+
+    def forward(self, x):
+        if self.first == "a":
+            ya = self.a(x)
+            return ya + self.b(x)
+        yb = self.b(x)
+        return self.a(x) + yb
+
+
+class WithUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = oracle.make_model()
+        self.spare = nn.Linear(3, 3)  # never used in forward
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class WithNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.net = nn.Sequential(nn.Linear(10, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def make(case):
+    if case == "order":
+        return TwoBranches()
+    if case.startswith("unused"):
+        return WithUnused()
+    if case == "buffers":
+        return WithNorm()
+    return oracle.make_model()
+
+
+def main():
+    case, out = sys.argv[1], sys.argv[2]
+    macfleet.init()
+    rank, world = macfleet.rank(), macfleet.world_size()
+    module = make(case)
+    if case == "order":
+        module.first = "a" if rank % 2 == 0 else "b"
+    options = {"bucket_cap_mb": 1e-4, "first_bucket_mb": 1e-4}  # about one bucket per parameter
+    if case in ("fp16", "bf16"):
+        options["compression"] = case
+    if case == "unused-allowed":
+        options["find_unused_parameters"] = True
+    model = macfleet.DataParallel(module, **options)
+    assert len(model.buckets) > 3, len(model.buckets)
+    opt = oracle.make_optimizer(model)
+    x, y = oracle.make_batch()
+    shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
+    xs, ys = x[shard], y[shard]
+    for _ in range(STEPS):
+        opt.zero_grad()
+        if case == "no_sync":
+            half = len(xs) // 2
+            with model.no_sync():
+                (nn.functional.cross_entropy(model(xs[:half]), ys[:half]) / 2).backward()
+            (nn.functional.cross_entropy(model(xs[half:]), ys[half:]) / 2).backward()
+        else:
+            nn.functional.cross_entropy(model(xs), ys).backward()
+        opt.step()
+    if case == "buffers":  # the same input everywhere after rank 0's buffers arrive: identical buffers
+        model(x)
+        mean = model.module.net[1].running_mean
+        gathered = macfleet.all_gather(mean)
+        assert all(torch.equal(gathered[0], g) for g in gathered), "buffers differ between ranks"
+    if rank == 0:
+        torch.save(model.module.state_dict(), out)
+    macfleet.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""DataParallel with buckets, overlap, accumulation, unused parameters and compression, each
+against the oracle: one process training on the whole batch."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import BIN, run_launch
+
+sys.path.insert(0, str(BIN))
+import dp_cases  # noqa: E402
+import oracle  # noqa: E402
+
+# Compressed modes round every partial sum to 16 bits on the wire; after six SGD steps the
+# parameters stay within these absolute tolerances of the float32 oracle.
+TOLERANCE = {"fp16": 2e-3, "bf16": 2e-2}
+
+
+def reference(case: str) -> dict[str, torch.Tensor]:
+    model = dp_cases.make(case)
+    opt = oracle.make_optimizer(model)
+    x, y = oracle.make_batch()
+    for _ in range(dp_cases.STEPS):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("case", ["buckets", "order", "no_sync", "unused-allowed", "fp16", "bf16"])
+def test_data_parallel_matches_the_whole_batch(tmp_path, case: str) -> None:
+    out = tmp_path / "params.pt"
+    job = run_launch("--nproc", "3", str(BIN / "dp_cases.py"), case, str(out))
+    assert job.code == 0, job.output
+    got, want = torch.load(out), reference(case)
+    tolerance = TOLERANCE.get(case, 1e-5)
+    for name, value in want.items():
+        assert torch.allclose(got[name], value, atol=tolerance, rtol=0), (name, (got[name] - value).abs().max())
+    if case in TOLERANCE:  # and compression does change something, so the bound means something
+        exact = run_launch("--nproc", "3", str(BIN / "dp_cases.py"), "buckets", str(tmp_path / "exact.pt"))
+        assert exact.code == 0
+        plain = torch.load(tmp_path / "exact.pt")
+        assert any(not torch.equal(got[n], plain[n]) for n in plain)
+
+
+def test_a_parameter_without_gradient_is_named_not_a_hang() -> None:
+    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "unused", "/dev/null", timeout=60)
+    assert job.code != 0
+    report = job.stderr[job.stderr.index("root cause"):]
+    assert "spare.weight" in report and "find_unused_parameters=True" in report
+    assert job.seconds < 30
+
+
+def test_buffers_are_broadcast_from_rank_0(tmp_path) -> None:
+    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "buffers", str(tmp_path / "p.pt"))
+    assert job.code == 0, job.output
