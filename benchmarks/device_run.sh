@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One batch of measurements on the device machine (CUDA standing in for Metal, 16 cores).
 # Usage there: bash benchmarks/device_run.sh PART   (PART: allreduce | gpu | train | all)
+# For the NCCL ceiling (one process per GPU), on a 2-GPU machine: bash benchmarks/device_run.sh nccl
 set -u
 part=${1:-all}
 OUT=${OUT:-/tmp/out}
@@ -16,11 +17,20 @@ if [ "$part" = allreduce ] || [ "$part" = all ]; then
   for n in 2 4 8; do
     mf bench allreduce --nproc $n --sizes 4K,1M,16M,64M,256M --budget 1 --json $OUT/allreduce_shm_$n.json
     MACFLEET_SHM=0 mf bench allreduce --nproc $n --sizes 4K,1M,16M,64M,256M --budget 1 --json $OUT/allreduce_tcp_$n.json
+    MACFLEET_SHM=0 MACFLEET_STREAMS=2 mf bench allreduce --nproc $n --sizes 16M,64M,256M --budget 1 --json $OUT/allreduce_tcp_${n}_streams2.json
   done
-  MACFLEET_SHM=0 MACFLEET_STREAMS=2 mf bench allreduce --nproc 4 --sizes 16M,64M,256M --budget 1 --json $OUT/allreduce_tcp_4_streams2.json
 fi
 if [ "$part" = gpu ] || [ "$part" = all ]; then
   for n in 2 4; do mf launch --nproc $n --device cuda $REPO/tests/bin/cuda_check.py; done
   mf launch --nproc 2 --device cuda $REPO/examples/mnist/train.py --epochs 1 --train-url /tmp/mnist2
   mf launch --nproc 4 --device cuda $REPO/examples/mnist/train.py --epochs 1 --train-url /tmp/mnist4
+  mf launch --nproc 2 --device cuda $REPO/examples/mnist/train.py --epochs 1 --amp
+fi
+if [ "$part" = train ] || [ "$part" = all ]; then
+  python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2,4 --device cpu --steps 20 --json $OUT/train_cpu.json
+  python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2,4 --device cuda --steps 30 --json $OUT/train_cuda.json
+fi
+if [ "$part" = nccl ]; then
+  python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2 --device cuda --steps 30 --ddp-backend nccl --json $OUT/train_nccl.json
+  python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2 --device cuda --steps 30 --json $OUT/train_gloo_2gpu.json
 fi

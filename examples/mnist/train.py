@@ -36,6 +36,7 @@ parser.add_argument("--seed", type=int, default=0, help="model init and data ord
 parser.add_argument("--device", default=None, help="auto, mps, cuda or cpu (default: the launcher's choice)")
 parser.add_argument("--checkpoint-every", type=int, default=0, help="also checkpoint every N steps (0: per epoch only)")
 parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --train-url")
+parser.add_argument("--amp", action="store_true", help="bfloat16 autocast (fp32 weights; no GradScaler needed)")
 args = parser.parse_args()
 
 # -----------------------------------------------------------------------------
@@ -45,6 +46,14 @@ rank, world = macfleet.rank(), macfleet.world_size()
 master = rank == 0  # rank 0 prints and writes files
 device = macfleet.device()
 torch.manual_seed(args.seed)  # the same initial model everywhere (DataParallel also broadcasts rank 0's)
+
+
+def autocast_supported(device):
+    """bf16 autocast: CUDA and CPU have it; MPS from torch 2.6 on macOS 14+ (mps-facts.md section 4)."""
+    if device.type != "mps":
+        return True
+    macos14 = getattr(torch.backends.mps, "is_macos_or_newer", lambda *_: False)(14, 0)
+    return macos14 and tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 6)
 
 
 def log(*parts):
@@ -90,6 +99,9 @@ class Net(nn.Module):
 
 model = macfleet.DataParallel(Net().to(device))  # gradients are averaged over all ranks in backward()
 optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+use_amp = args.amp and autocast_supported(device)
+if args.amp and not use_amp:
+    log("--amp: this torch/macOS has no bf16 autocast on MPS; training in float32")
 
 
 def evaluate():
@@ -131,7 +143,8 @@ for epoch in range(start_epoch, args.epochs):
     sampler.set_epoch(epoch, start=sampler.start if resumed and epoch == start_epoch else 0)
     started, total_loss, steps, consumed = time.perf_counter(), torch.zeros(()), 0, 0
     for x, y in loader:
-        loss = F.cross_entropy(model(x.to(device)), y.to(device))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -1,0 +1,147 @@
+"""Training throughput: macfleet.DataParallel against torch DDP (gloo), side by side.
+
+    python benchmarks/train_throughput.py [--nprocs 1,2,4] [--device cpu|cuda] [--models cnn,large]
+                                          [--steps 20] [--json FILE]
+
+For each N it runs one job (``macfleet launch --nproc N`` this file) whose ranks train each
+model with macfleet.DataParallel and then with torch DistributedDataParallel on gloo (NCCL with
+``--ddp-backend nccl``, one GPU per rank), same model, data, batch and processes. Reported:
+step time, samples/s, the share of macfleet's step spent waiting for gradients after backward,
+and scaling efficiency (throughput at N / (N x throughput at 1)).
+
+Models: ``cnn`` is the MNIST example's CNN (batch 64 per rank); ``large`` is an MLP of about
+25M parameters (100 MB of float32 gradients per step, batch 128 per rank), where
+communication matters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODELS = {"cnn": 64, "large": 128}  # name -> per-rank batch
+
+
+def build(name: str):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    if name == "cnn":
+        model = nn.Sequential(nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3), nn.ReLU(),
+                              nn.MaxPool2d(2), nn.Flatten(), nn.Linear(800, 64), nn.ReLU(), nn.Linear(64, 10))
+        shape = (1, 28, 28)
+    else:
+        model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
+                              nn.Linear(4096, 1024), nn.ReLU(), nn.Linear(1024, 10))
+        shape = (1024,)
+    return model, shape
+
+
+def timed_steps(model, opt, x, y, steps: int, sync, wait_of=None) -> tuple[float, float]:
+    """Median step time and median wait-after-backward (seconds) over ``steps`` steps."""
+    from torch.nn import functional as F
+
+    times, waits = [], []
+    for i in range(steps + 3):  # three warm-up steps (buffers, buckets, connections)
+        sync()
+        started = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        sync()
+        if i >= 3:
+            times.append(time.perf_counter() - started)
+            waits.append(wait_of() if wait_of else 0.0)
+    return sorted(times)[len(times) // 2], sorted(waits)[len(waits) // 2]
+
+
+def rank_main(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import macfleet
+
+    macfleet.init(device=args.device)
+    rank, world, device = macfleet.rank(), macfleet.world_size(), macfleet.device()
+    dist.init_process_group(args.ddp_backend, rank=rank, world_size=world)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    results = []
+    for name in args.models.split(","):
+        batch = MODELS[name]
+        model, shape = build(name)
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn(batch, *shape, generator=g).to(device)
+        y = torch.randint(0, 10, (batch,), generator=g).to(device)
+        params = sum(p.numel() for p in model.parameters())
+        mf = macfleet.DataParallel(build(name)[0].to(device))
+        step, wait = timed_steps(mf, torch.optim.SGD(mf.parameters(), lr=0.01), x, y, args.steps, sync,
+                                 lambda: mf.last_wait_s)
+        ddp_model = build(name)[0].to(device)
+        ddp = torch.nn.parallel.DistributedDataParallel(ddp_model, device_ids=[device.index] if device.type == "cuda" else None)
+        ddp_step, _ = timed_steps(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), x, y, args.steps, sync)
+        for library, seconds, waited in (("macfleet", step, wait), (f"ddp-{args.ddp_backend}", ddp_step, None)):
+            worst = torch.tensor([seconds], dtype=torch.float64)
+            macfleet.all_reduce(worst, "max")  # a step is as slow as its slowest rank
+            results.append({"model": name, "params": params, "batch": batch, "library": library, "world": world,
+                            "step_s": worst.item(), "samples_s": batch * world / worst.item(),
+                            "wait_share": None if waited is None else waited / seconds})
+        del mf, ddp
+    if rank == 0 and args.out:
+        Path(args.out).write_text(json.dumps(results))
+    dist.destroy_process_group()
+    macfleet.shutdown()
+
+
+def orchestrate(args: argparse.Namespace) -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(v) for v in args.nprocs.split(",")):
+            out = Path(tmp) / f"{n}.json"
+            command = [sys.executable, "-m", "macfleet.launcher.cli", "launch", "--nproc", str(n),
+                       "--device", args.device, os.path.abspath(__file__), "--rank-mode", "--out", str(out),
+                       "--models", args.models, "--steps", str(args.steps), "--device", args.device,
+                       "--ddp-backend", args.ddp_backend]
+            subprocess.run(command, check=True)
+            rows += json.loads(out.read_text())
+    base = {(r["model"], r["library"]): r["samples_s"] for r in rows if r["world"] == 1}
+    for r in rows:
+        one = base.get((r["model"], r["library"]))
+        r["scaling_efficiency"] = r["samples_s"] / (r["world"] * one) if one else None
+    print(f"training throughput, device {args.device} (step time is the slowest rank's median)")
+    print(f"{'model':<6} {'N':>2} {'library':<10} {'step ms':>9} {'samples/s':>10} {'wait share':>10} "
+          f"{'scaling':>8} {'vs DDP':>7}")
+    for r in rows:
+        ddp = next((d for d in rows if d["model"] == r["model"] and d["world"] == r["world"]
+                    and d["library"].startswith("ddp")), None)
+        ratio = f"{ddp['step_s'] / r['step_s']:.2f}x" if ddp and r["library"] == "macfleet" else ""
+        wait = f"{r['wait_share']:.0%}" if r["wait_share"] is not None else ""
+        eff = f"{r['scaling_efficiency']:.0%}" if r["scaling_efficiency"] is not None else ""
+        print(f"{r['model']:<6} {r['world']:>2} {r['library']:<10} {r['step_s'] * 1e3:>9.1f} {r['samples_s']:>10.0f} "
+              f"{wait:>10} {eff:>8} {ratio:>7}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nprocs", default="1,2,4")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps", "auto"])
+    parser.add_argument("--models", default="cnn,large")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--ddp-backend", default="gloo", choices=["gloo", "nccl"])
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    rank_main(args) if args.rank_mode else orchestrate(args)
+
+
+if __name__ == "__main__":
+    main()
