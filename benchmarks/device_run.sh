@@ -6,7 +6,7 @@ set -u
 part=${1:-all}
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . \
+  && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site . \
   || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 REPO=$(pwd)
