@@ -70,6 +70,11 @@ class Device:
         return None
 
     # Staging: device tensors to and from reusable host buffers, for the communication thread.
+    def host_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A host buffer to stage this device's tensors through (plain memory: MPS gains
+        nothing from pinning, and older torch refuses it there, mps-facts.md section 3)."""
+        return torch.zeros(numel, dtype=dtype)
+
     def to_host(self, src: torch.Tensor, dst: torch.Tensor, ready: HostEvent) -> None:
         """Wait (on the host) until ``ready``, then copy ``src`` into host buffer ``dst``, blocking."""
         ready.synchronize()
@@ -129,12 +134,15 @@ class CudaDevice(Device):
             stream = self._side = torch.cuda.Stream(self.index)
         return stream
 
+    def host_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(numel, dtype=dtype, pin_memory=True)  # DMA-able: copies run at full PCIe speed
+
     def to_host(self, src: torch.Tensor, dst: torch.Tensor, ready: HostEvent) -> None:
         stream = self._side_stream()
         stream.wait_event(ready)  # type: ignore[arg-type]
         with torch.cuda.stream(stream):
-            dst.copy_(src)  # pageable destination: returns when the copy is done
-        stream.synchronize()
+            dst.copy_(src)
+        stream.synchronize()  # the host holds the data when this returns
 
     def from_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         stream = self._side_stream()

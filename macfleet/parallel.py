@@ -106,7 +106,7 @@ class DataParallel(nn.Module):
                 total += p.numel()
             first = group[0][1]
             flat = torch.zeros(total, dtype=first.dtype, device=first.device)
-            host = None if first.device.type == "cpu" else torch.zeros(total, dtype=first.dtype)
+            host = None if first.device.type == "cpu" else self.runtime.device.host_buffer(total, first.dtype)
             bucket = Bucket(index, [p for _, p in group], [n for n, _ in group], offsets, flat, host)
             for k, (_, p) in enumerate(group):
                 self._where[id(p)] = (bucket, k)
