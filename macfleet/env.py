@@ -23,10 +23,19 @@ MACFLEET_HOST                      this host's name in the job (for messages)
 MACFLEET_AGENT_PID                 the agent's pid: a worker whose parent is gone stops itself
 MACFLEET_JOB_SECRET                per-job HMAC key; ``macfleet.init`` removes it from
                                    ``os.environ`` so the script's own children never see it
+MACFLEET_SHM_DIR                   the agent's per-job directory (shared-memory segment, error files)
+GLOO_SOCKET_IFNAME                 the data address's interface, for scripts using gloo themselves
+OMP_WAIT_POLICY                    PASSIVE: spinning OpenMP threads starve the communication threads
 PYTORCH_MPS_HIGH_WATERMARK_RATIO,  set by the agent before the child imports torch, because
 PYTORCH_MPS_LOW_WATERMARK_RATIO,   torch reads them once, at import or first MPS use
 PYTORCH_ENABLE_MPS_FALLBACK
 =================================  ==========================================================
+
+Tuning knobs a user may set (forwarded to every host): ``MACFLEET_STREAMS`` (socket pairs per
+ring direction), ``MACFLEET_CHUNK_BYTES`` (pipeline chunk), ``MACFLEET_SMALL_BYTES`` (below
+this an all-reduce takes the one-pass latency path), ``MACFLEET_SHM=0`` (no shared memory),
+``MACFLEET_SHM_SLOT_BYTES`` (shared-memory slot per rank), ``MACFLEET_TIMEOUT`` (seconds a
+collective may make no progress), ``MACFLEET_RENDEZVOUS_TIMEOUT``.
 
 A script run with plain ``python train.py`` has none of these and gets world size 1.
 """
