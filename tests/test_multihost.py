@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -121,3 +122,16 @@ def test_collectives_across_network_namespaces(netns_hosts, tmp_path) -> None:
     got, want = torch.load(tmp_path / "params.pt"), reference_parameters()
     for name in want:
         assert torch.allclose(got[name], want[name], atol=1e-5, rtol=0), name
+
+
+def test_environment_and_working_directory_reach_remote_ranks(sshd, tmp_path) -> None:
+    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(), "--env", "EXTRA_ONE=a b'c",
+                     "--cwd", str(tmp_path), BEHAVE, "-1", "env", env={"MACFLEET_TEST_FORWARDED": "yes"})
+    assert job.code == 0, job.output
+    seen = [json.loads(line.split(" ENV ", 1)[1]) for line in job.stdout.splitlines() if " ENV " in line]
+    assert len(seen) == 2
+    for fields in seen:
+        assert fields["MACFLEET_TEST_FORWARDED"] == "yes"  # MACFLEET_* travels to remote hosts
+        assert fields["EXTRA_ONE"] == "a b'c"  # --env, quoted safely through the remote shell
+        assert fields["cwd"] == str(tmp_path)
+        assert fields["MACFLEET_JOB_SECRET"] is None

@@ -23,6 +23,8 @@ if mode == "env":
     seen = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                           "MASTER_PORT", "MACFLEET_JOB_ID", "MACFLEET_JOB_SECRET",
                                           "MACFLEET_MEMORY_FRACTION", "PYTORCH_MPS_HIGH_WATERMARK_RATIO")}
+    seen.update({k: v for k, v in os.environ.items() if k.startswith(("MACFLEET_TEST_", "EXTRA_"))})
+    seen["cwd"] = os.getcwd()
     seen["torch_seed"] = torch.initial_seed()
     seen["python_random"] = random.random()
     print("ENV " + json.dumps(seen))
