@@ -24,21 +24,29 @@ def params(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_mnist_across_hosts_matches_the_single_host_run(sshd, tmp_path) -> None:
+    """On the ring (MACFLEET_SHM=0) every layout sums in the same order: the same parameters.
+    The default path sums inside each host first, (a+b)+(c+d) rather than a+b+c+d, so a
+    different layout changes only the rounding: within 2e-3 after an epoch (max |param| ~0.4)."""
     same = ["--env", "OMP_NUM_THREADS=1"]  # the same kernels everywhere, so results can be compared exactly
-    single = run_launch("--nproc", "4", *same, *MNIST_ARGS, "--train-url", str(tmp_path / "one"), timeout=300)
+    ring = {"MACFLEET_SHM": "0"}
+    single = run_launch("--nproc", "4", *same, *MNIST_ARGS, "--train-url", str(tmp_path / "one"), env=ring,
+                        timeout=300)
     assert single.code == 0, single.output
-    for layout in ("127.0.0.2:2,127.0.0.3:2", "127.0.0.2:1,127.0.0.3:3"):
-        out = tmp_path / layout.replace(":", "_").replace(",", "-")
+    runs = [("127.0.0.2:2,127.0.0.3:2", ring, 1e-6), ("127.0.0.2:1,127.0.0.3:3", ring, 1e-6),
+            ("127.0.0.2:2,127.0.0.3:2", {}, 2e-3)]
+    for layout, env, tolerance in runs:
+        out = tmp_path / (layout.replace(":", "_").replace(",", "-") + ("-ring" if env else "-shm"))
         job = run_launch("--hosts", layout, *sshd.launch_options(), *same, *MNIST_ARGS, "--train-url", str(out),
-                         timeout=300)
+                         env=env, timeout=300)
         assert job.code == 0, job.output
         assert "[rank 0 127.0.0.2] epoch 1/1" in job.stdout  # only rank 0 prints; prefixed with its host
         assert "ring of 4 ranks" in job.stderr
-        ring = job.stderr[job.stderr.index("ring of 4 ranks"):].splitlines()[2:6]
-        assert [line.split()[2] for line in ring] == ["127.0.0.2"] * int(layout[10]) + ["127.0.0.3"] * (4 - int(layout[10]))
+        ring_table = job.stderr[job.stderr.index("ring of 4 ranks"):].splitlines()[2:6]
+        on_first = int(layout[10])
+        assert [line.split()[2] for line in ring_table] == ["127.0.0.2"] * on_first + ["127.0.0.3"] * (4 - on_first)
         got, want = params(out), params(tmp_path / "one")
         for name in want:
-            assert torch.allclose(got[name], want[name], atol=1e-6, rtol=0), (layout, name)
+            assert torch.allclose(got[name], want[name], atol=tolerance, rtol=0), (layout, env, name)
 
 
 def test_an_unmodified_ddp_gloo_script_runs_across_hosts(sshd) -> None:
