@@ -46,9 +46,43 @@ def down_after(proc: subprocess.Popen, started: float) -> float:
     return time.monotonic() - started
 
 
+def host_cut() -> float:
+    """Two hosts in network namespaces (the test suite's helpers), the second one's link cut."""
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import netns
+    import sshd
+
+    hosts = netns.create(2)
+    servers = []
+    try:
+        directory = Path(tempfile.mkdtemp(prefix="macfleet-cut-"))
+        port = sshd.free_port()
+        servers = [sshd.start_sshd(directory, [h.addr], port=port, prefix=h.exec_prefix()) for h in hosts]
+        proc = subprocess.Popen([sys.executable, "-m", "macfleet.launcher.cli", "launch", "--hosts",
+                                 f"{hosts[0].addr}:1,{hosts[1].addr}:2", *servers[0].launch_options(), BEHAVE,
+                                 "-1", "hang"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                start_new_session=True)
+        ready = 0
+        while ready < 3:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            ready += " ready pid=" in line
+        t0 = time.monotonic()
+        netns.set_link(hosts[1], up=False)
+        return down_after(proc, t0)
+    finally:
+        for server in servers:
+            server.stop()
+        netns.destroy(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", default=None)
+    parser.add_argument("--host-cut", action="store_true", help="also cut a namespace host's link (root, ip, sshd)")
     args = parser.parse_args()
     results = {}
     for fault in ("kill -9 a rank", "SIGSTOP a rank", "kill -9 the agent", "SIGTERM the launcher"):
@@ -64,6 +98,8 @@ def main() -> None:
         else:
             os.kill(proc.pid, signal.SIGTERM)
         results[fault] = down_after(proc, t0)
+    if args.host_cut:
+        results["a host cut off (netns link down)"] = host_cut()
     # a rank raising: the fault happens inside the job, right after every rank is ready
     t0 = time.monotonic()
     proc, _ = start("raise", "1")

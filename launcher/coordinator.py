@@ -67,6 +67,7 @@ class Coordinator:
         self._abort_rank: int | None = None
         self.hosts: dict[int, str] = {}  # rank -> host name, from registrations
         self.local_ranks: dict[int, int] = {}
+        self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
         self._seq = 0
         self._next_beat = 0.0
@@ -236,6 +237,7 @@ class Coordinator:
         for name, peer in self.peers.items():
             if peer.watched and now - peer.last_seen > self.heartbeat_timeout_s:
                 peer.watched = False
+                self.lost.add(name)
                 rank = int(name.split("-")[1]) if name.startswith("rank-") else None
                 who = f"rank {rank} ({self.hosts.get(rank, '?')})" if rank is not None else f"the {name.replace('-', ' ')}"
                 waiting = {r: w for r, w in self._waiting_for(now).items() if r != rank}

@@ -193,6 +193,10 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
         for index, agent in enumerate(agents):
             if agent.proc.poll() is not None and index not in coord.agents_done and coord.aborted is None:
                 coord.fail(Failure(time.time(), _agent_lost(agent)))
+            if f"agent-{index}" in coord.lost and agent.proc.poll() is None:
+                # Unreachable: nothing we send arrives. Its agent stops its ranks by itself when we
+                # fall silent; waiting on the ssh connection would only delay the report.
+                _kill_group(agent.proc.pid)
         if coord.aborted is not None and abort_at is None:
             abort_at = time.monotonic()
         if all(a.proc.poll() is not None for a in agents):
@@ -248,11 +252,15 @@ def _stop_agent(agent: AgentProc) -> None:
     try:
         agent.proc.wait(timeout=agent.spec.grace_s * 2 + 3)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(agent.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(agent.proc.pid)
         agent.proc.wait()
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
