@@ -128,7 +128,9 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: st
     # Idle OpenMP threads must sleep, not spin: the communication thread's torch ops get an
     # OpenMP team of their own, and spinning teams starved ZeroMQ's I/O threads (measured on 16
     # cores: the ring at 0.2-0.5x gloo spinning, 1.1-1.7x passive; a CNN step 56 ms -> 10 ms).
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # A job of one has no communication, and there spinning is faster.
+    if spec.world_size > 1:
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
 
 
