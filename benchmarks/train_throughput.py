@@ -82,7 +82,7 @@ def rank_main(args: argparse.Namespace) -> None:
         params = sum(p.numel() for p in model.parameters())
         mf = macfleet.DataParallel(build(name)[0].to(device))
         step, wait = timed_steps(mf, torch.optim.SGD(mf.parameters(), lr=0.01), x, y, args.steps, sync,
-                                 lambda: mf.last_wait_s)
+                                 lambda model=mf: model.last_wait_s)
         ddp_model = build(name)[0].to(device)
         ddp = torch.nn.parallel.DistributedDataParallel(ddp_model, device_ids=[device.index] if device.type == "cuda" else None)
         ddp_step, _ = timed_steps(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), x, y, args.steps, sync)

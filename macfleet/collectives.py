@@ -375,7 +375,8 @@ class _Trackers:
             except zmq.NotDone:
                 self.ch.liveness.check()
                 if time.monotonic() > deadline:
-                    raise CollectiveTimeout(f"rank {self.ch.rank}: send to rank {self.ch.next_rank} never completed")
+                    raise CollectiveTimeout(
+                        f"rank {self.ch.rank}: send to rank {self.ch.next_rank} never completed") from None
 
 
 def _chunks(start: int, end: int, step: int) -> list[tuple[int, int]]:

@@ -7,7 +7,6 @@ target is 15 s; tests that wait on heartbeats use a shorter --heartbeat-timeout.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
