@@ -67,6 +67,7 @@ class Coordinator:
         self._abort_rank: int | None = None
         self.hosts: dict[int, str] = {}  # rank -> host name, from registrations
         self.local_ranks: dict[int, int] = {}
+        self.devices: dict[int, str] = {}  # rank -> the device it trains on, from registrations
         self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
         self._seq = 0
@@ -148,6 +149,8 @@ class Coordinator:
             raise wire.BadMessage("bad registration")
         self.registered[rank] = {str(k): str(v) for k, v in endpoints.items()}
         self.hosts[rank] = str(msg.get("host", "?"))
+        self.devices[rank] = str(msg.get("device", "?")) + (" (mps available)" if msg.get("mps_available") and
+                                                              not str(msg.get("device")).startswith("mps") else "")
         local_rank = msg.get("local_rank", 0)
         self.local_ranks[rank] = local_rank if isinstance(local_rank, int) else 0
         if len(self.registered) == self.world_size:
@@ -211,11 +214,11 @@ class Coordinator:
             self.reports[rank] = dict(msg.get("data") or {})
 
     def ring_table(self) -> str:
-        lines = [f"ring of {self.world_size} ranks:", f"  {'rank':>4}  {'host':<24} data address"]
+        lines = [f"ring of {self.world_size} ranks:", f"  {'rank':>4}  {'host':<24} {'data address':<16} device"]
         for rank in range(self.world_size):
             endpoint = next(iter(self.registered.get(rank, {}).values()), "?")
             addr = endpoint.removeprefix("tcp://").rsplit(":", 1)[0]
-            lines.append(f"  {rank:>4}  {self.hosts.get(rank, '?'):<24} {addr}")
+            lines.append(f"  {rank:>4}  {self.hosts.get(rank, '?'):<24} {addr:<16} {self.devices.get(rank, '?')}")
         return "\n".join(lines)
 
     def _on_exit(self, msg: dict[str, Any], peer: Peer) -> None:

@@ -103,7 +103,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
         ctx.destroy(linger=0)
         raise
     endpoints = {**(ring.endpoints() if ring else {}), **(leaders.endpoints() if leaders else {})}
-    control = _ControlThread(ctx, env, liveness)
+    control = _ControlThread(ctx, env, liveness, str(dev.torch_device))
     control.start()
     try:
         table, local_ranks = control.register(endpoints)
@@ -184,9 +184,9 @@ def shutdown() -> None:
 class _ControlThread(threading.Thread):
     """Owns this process's control socket; the main thread talks to it through queues."""
 
-    def __init__(self, ctx: zmq.Context, env: WorkerEnv, liveness: Liveness) -> None:
+    def __init__(self, ctx: zmq.Context, env: WorkerEnv, liveness: Liveness, device: str) -> None:
         super().__init__(name="macfleet-control", daemon=True)
-        self.env = env
+        self.env, self.device = env, device
         self.liveness = liveness
         self.client = ControlClient(ctx, env.coordinator or "", env.secret, env.job_id, f"rank-{env.rank}")
         self.outbox: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
@@ -197,7 +197,8 @@ class _ControlThread(threading.Thread):
     def register(self, endpoints: dict[str, str]) -> tuple[dict[int, dict[str, str]], dict[int, int]]:
         """Publish our endpoints; return every rank's endpoints and local rank, once all registered."""
         self.outbox.put((protocol.REGISTER, {"rank": self.env.rank, "endpoints": endpoints, "pid": os.getpid(),
-                                             "host": self.env.host, "local_rank": self.env.local_rank}))
+                                             "host": self.env.host, "local_rank": self.env.local_rank,
+                                             "device": self.device, "mps_available": backends.mps_available()}))
         deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
         while time.monotonic() < deadline:
             self.liveness.check()
