@@ -68,11 +68,12 @@ class HostBuffers:
 class Collectives:
     def __init__(self, ring: Ring, chunk_bytes: int = 4 << 20, small_bytes: int = 64 << 10,
                  min_part_bytes: int = 256 << 10, local: LocalGroup | None = None, leaders: Ring | None = None,
-                 shared_memory: bool = False) -> None:
+                 shared_memory: bool = False, all_streams: bool = True) -> None:
         """``shared_memory``: all-reduce through ``local`` (this host's ranks) and, across hosts,
         ``leaders`` (the ring of each host's first rank, given to those ranks only)."""
         self.ring = ring
         self.local, self.leaders, self.shared_memory = local, leaders, shared_memory
+        self.all_streams = all_streams  # else only two-member rings use streams beyond the first
         self.rank, self.world = ring.rank, ring.world
         self.chunk_bytes = chunk_bytes
         self.small_bytes = small_bytes
@@ -240,7 +241,10 @@ class Collectives:
         numel, size = work.numel(), work.element_size()
         packed, packed_raw = (work, raw) if wire is None else self._host.get("wire", numel, wire)
         wsize = packed.element_size()
-        parts = max(1, min(len(ring.channels), numel * size // (ring.world * self.min_part_bytes)))
+        # Measured (benchmarks/, 16 cores): extra streams help two-member rings and hurt larger
+        # ones. The choice depends only on the ring's size, which every member sees the same.
+        usable = len(ring.channels) if self.all_streams or ring.world == 2 else 2
+        parts = max(1, min(usable, numel * size // (ring.world * self.min_part_bytes)))
         bounds = split_evenly(numel, parts)
         self.last_algorithm = f"ring x{parts}"
         jobs = []

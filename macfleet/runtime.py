@@ -75,7 +75,10 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
         _runtime = Runtime(env, dev, None, None, None)
         return _runtime
 
-    streams = streams or int(os.environ.get("MACFLEET_STREAMS", "1"))
+    # Two socket pairs per direction by default: measured on 16 cores, a two-member ring ran
+    # 1.1-1.5x faster with them; rings of more members only use the first (see Collectives).
+    explicit = streams or (int(os.environ["MACFLEET_STREAMS"]) if os.environ.get("MACFLEET_STREAMS") else None)
+    streams = explicit or 2
     if streams < 1:
         raise ConfigError(f"streams must be >= 1, not {streams}")
     # one I/O thread per ring channel (both directions x streams), so no channel waits on another's
@@ -129,7 +132,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
             chunk_bytes=min(MAX_FRAME_BYTES, _env_bytes("MACFLEET_CHUNK_BYTES", 4 << 20)),
             small_bytes=_env_bytes("MACFLEET_SMALL_BYTES", 64 << 10),
             min_part_bytes=_env_bytes("MACFLEET_MIN_PART_BYTES", 256 << 10),
-            local=local, leaders=leaders, shared_memory=shared_memory,
+            local=local, leaders=leaders, shared_memory=shared_memory, all_streams=explicit is not None,
         )
         control.status = collectives.status
     _runtime = Runtime(env, dev, collectives, control, ctx)

@@ -78,7 +78,7 @@ def main() -> None:
                          / seconds / 1e9})
     if rank == 0:
         report({"world": world, "dtype": args.dtype, "rows": rows,
-                "streams": int(os.environ.get("MACFLEET_STREAMS", "1")), "shm": os.environ.get("MACFLEET_SHM", "1")})
+                "streams": os.environ.get("MACFLEET_STREAMS", "auto"), "shm": os.environ.get("MACFLEET_SHM", "1")})
     macfleet.barrier()
     if not args.no_gloo:
         dist.destroy_process_group()
