@@ -15,7 +15,6 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
 
 import zmq
 
@@ -127,7 +126,7 @@ def plan_addresses(cfg: LaunchConfig) -> tuple[list[str], list[str], list[str]]:
     return data, control, binds
 
 
-def run_job(cfg: LaunchConfig, on_ready: Callable[[Coordinator], None] | None = None) -> JobOutcome:
+def run_job(cfg: LaunchConfig) -> JobOutcome:
     job_id = secrets.token_hex(6)
     secret = secrets.token_bytes(32)
     ctx = zmq.Context()
@@ -156,7 +155,7 @@ def run_job(cfg: LaunchConfig, on_ready: Callable[[Coordinator], None] | None = 
             )
             agents.append(start_agent(spec, host, cfg))
             rank_base += host.slots
-        code = _supervise(cfg, coord, agents, interrupted, on_ready)
+        code = _supervise(cfg, coord, agents, interrupted)
         return JobOutcome(code, coord, bool(interrupted))
     finally:
         for agent in agents:
@@ -167,8 +166,7 @@ def run_job(cfg: LaunchConfig, on_ready: Callable[[Coordinator], None] | None = 
             signal.signal(s, handler)
 
 
-def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], interrupted: list[int],
-               on_ready: Callable[[Coordinator], None] | None) -> int:
+def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], interrupted: list[int]) -> int:
     started_at = time.monotonic()
     abort_at: float | None = None
     ring_shown = False
@@ -188,8 +186,6 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
             ring_shown = True
             if len(agents) > 1:
                 log(coord.ring_table())
-            if on_ready is not None:
-                on_ready(coord)
         for index, agent in enumerate(agents):
             if agent.proc.poll() is not None and index not in coord.agents_done and coord.aborted is None:
                 coord.fail(Failure(time.time(), _agent_lost(agent)))

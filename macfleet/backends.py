@@ -66,9 +66,6 @@ class Device:
     def record_event(self) -> HostEvent:
         return _Done()
 
-    def synchronize(self) -> None:
-        return None
-
     # Staging: device tensors to and from reusable host buffers, for the communication thread.
     def host_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A host buffer to stage this device's tensors through (plain memory: MPS gains
@@ -92,9 +89,6 @@ class Device:
             raise ConfigError(
                 f"{name} is {tensor.dtype}, which {self.kind} does not support; use torch.float32 instead"
             )
-
-    def memory(self) -> dict[str, int]:
-        return {}
 
 
 class CudaDevice(Device):
@@ -121,9 +115,6 @@ class CudaDevice(Device):
         event = torch.cuda.Event()
         event.record()  # always record before anyone synchronizes (an unrecorded event never blocks)
         return event
-
-    def synchronize(self) -> None:
-        torch.cuda.synchronize(self.index)
 
     # A side stream for staging: a copy on the training stream would queue behind every kernel
     # backward launched after the bucket's event. The side stream waits for that event only (a
@@ -152,9 +143,6 @@ class CudaDevice(Device):
 
     def staged(self) -> None:
         torch.cuda.current_stream(self.index).wait_stream(self._side_stream())
-
-    def memory(self) -> dict[str, int]:
-        return {"allocated": torch.cuda.memory_allocated(self.index), "reserved": torch.cuda.memory_reserved(self.index)}
 
 
 class MpsDevice(Device):
@@ -194,17 +182,6 @@ class MpsDevice(Device):
         event = event_cls()
         event.record()
         return event
-
-    def synchronize(self) -> None:
-        torch.mps.synchronize()
-
-    def memory(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for name in ("current_allocated_memory", "driver_allocated_memory", "recommended_max_memory"):
-            fn = getattr(torch.mps, name, None)
-            if fn is not None:
-                out[name] = int(fn())
-        return out
 
 
 def mps_available() -> bool:

@@ -1,7 +1,9 @@
 """Collectives over the ring: all_reduce, broadcast, all_gather, barrier.
 
-Data always goes through reusable host buffers (a device tensor's memory is not host memory,
-and half precision is reduced in float32 on the host). The all-reduce is the classic ring:
+A contiguous host tensor in its working dtype is reduced in its own memory; anything else goes
+through reusable host buffers (a device tensor's memory is not host memory, and half precision is
+reduced in float32 on the host). Ranks of one host reduce through shared memory
+(``macfleet.shm``) and, across hosts, on a ring of the hosts' first ranks. The all-reduce is the classic ring:
 reduce-scatter then all-gather over N segments, each segment cut into chunks so that the
 reduction of one chunk overlaps the transfer of the next, and large tensors are split into
 parts that run concurrently on separate channels (both ring directions, and ``streams``

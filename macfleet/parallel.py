@@ -94,7 +94,7 @@ class DataParallel(nn.Module):
         for name, p in named:
             limit = first_cap if len(groups) <= 1 else cap
             same_kind = groups and groups[-1][0][1].dtype == p.dtype and groups[-1][0][1].device == p.device
-            if not groups or not same_kind or size + p.numel() * p.element_size() > limit and groups[-1]:
+            if not groups or not same_kind or size + p.numel() * p.element_size() > limit:
                 groups.append([])
                 size = 0
             groups[-1].append((name, p))

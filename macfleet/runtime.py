@@ -59,7 +59,8 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     """Join the job (or become a job of one). Idempotent: a second call returns the same runtime.
 
     ``device`` overrides ``MACFLEET_DEVICE``; ``streams`` is the number of socket pairs per
-    ring direction (default ``MACFLEET_STREAMS`` or 1); ``timeout_s`` is how long a collective
+    ring direction, used by every ring (default ``MACFLEET_STREAMS``, else two-member rings
+    use 2 and larger ones 1); ``timeout_s`` is how long a collective
     may make no progress before ``CollectiveTimeout`` (default ``MACFLEET_TIMEOUT`` or 600 s;
     a dead peer is reported within seconds regardless, through the coordinator).
     """

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 
 import torch
 import zmq
@@ -42,7 +41,6 @@ class LocalGroup:
         self.path = os.path.join(directory, f"shm-{job_id}-{base}")
         self._generation = 0
         self._round = 0
-        self._lock = threading.Lock()
         total = 2 * (size + 1) * self.slot_bytes  # two buffers of: one slot per rank, one for the result
         if index == 0:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)

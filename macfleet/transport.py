@@ -78,18 +78,16 @@ class Channel:
         self._seq_in = 0
         self._op = -1
         self.pull = ctx.socket(zmq.PULL)
-        if io_thread is not None:
-            self.pull.setsockopt(zmq.AFFINITY, 1 << io_thread)  # before bind: affinity applies to new connections
+        self.push = ctx.socket(zmq.PUSH)
+        if io_thread is not None:  # each channel on its own I/O thread: one thread caps at one flow's worth
+            for sock in (self.pull, self.push):  # before bind/connect: affinity applies to new connections
+                sock.setsockopt(zmq.AFFINITY, 1 << io_thread)
         self.pull.setsockopt(zmq.MAXMSGSIZE, max_frame + HEADER_SLACK)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.setsockopt(zmq.RCVHWM, 0)  # bounded by the schedule; never drop a legit frame
         self.pull.bind(f"tcp://{_bracket(data_addr)}:*")
         self.endpoint: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.push = ctx.socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 0)
-        if io_thread is not None:  # each channel on its own I/O thread: one thread caps at one flow's worth
-            for sock in (self.pull, self.push):
-                sock.setsockopt(zmq.AFFINITY, 1 << io_thread)
         self.push.setsockopt(zmq.SNDHWM, 0)
         self.push.setsockopt(zmq.IMMEDIATE, 1)
 

@@ -267,9 +267,8 @@ class Agent:
             self._stop_started = time.monotonic()
         elapsed = time.monotonic() - self._stop_started
         grace = self.spec.grace_s
-        for w in self.workers:
+        for w in self.workers:  # finished ranks' leftovers (their children) go in _finish()
             if w.exit is not None:
-                _killpg(w.proc.pid, signal.SIGKILL)  # leftovers of a finished rank (its children)
                 continue
             if elapsed >= 2 * grace:
                 _killpg(w.proc.pid, signal.SIGKILL)
