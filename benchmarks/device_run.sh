@@ -20,6 +20,12 @@ if [ "$part" = allreduce ] || [ "$part" = all ]; then
     MACFLEET_SHM=0 MACFLEET_STREAMS=2 mf bench allreduce --nproc $n --sizes 16M,64M,256M --budget 1 --json $OUT/allreduce_tcp_${n}_streams2.json
   done
 fi
+if [ "$part" = slots ]; then  # tuning: shared-memory slot size per rank (MACFLEET_SHM_SLOT_BYTES)
+  for n in ${NPROCS:-2 4 8}; do for slot in ${SLOTS:-16M 4M 1M 256K}; do
+    MACFLEET_SHM_SLOT_BYTES=$(python3 -c "import sys; from macfleet.workers.benchallreduce import parse_size as p; print(p(sys.argv[1]))" $slot) \
+      mf bench allreduce --nproc $n --sizes ${SIZES:-16M,64M,256M} --budget 0.5 --json $OUT/slots_${n}_$slot.json
+  done; done
+fi
 if [ "$part" = gpu ] || [ "$part" = all ]; then
   for n in 2 4; do mf launch --nproc $n --device cuda $REPO/tests/bin/cuda_check.py; done
   mf launch --nproc 2 --device cuda $REPO/examples/mnist/train.py --epochs 1 --train-url /tmp/mnist2

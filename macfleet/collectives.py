@@ -116,7 +116,9 @@ class Collectives:
             wire = WIRE_DTYPES[compression] if work_dtype.is_floating_point else None
             meta = {"c": "all_reduce", "numel": numel, "dtype": str(tensor.dtype), "rop": op, "wire": str(wire)}
             reducer = REDUCERS[op]
-            if self.shared_memory and numel * work.element_size() > self.small_bytes:
+            # Through shared memory whatever the size: its barrier costs microseconds, so even a
+            # 4 KiB all-reduce is faster there than one pass round the ring (benchmarks/).
+            if self.shared_memory:
                 self._reduce_hierarchical(op_id, tensor.reshape(-1), work, raw, op, meta, wire)
             else:
                 if not in_place:

@@ -56,7 +56,8 @@ class DataParallel(nn.Module):
     send rank 0's buffers (e.g. BatchNorm statistics) to all ranks at every training forward.
     ``find_unused_parameters``: parameters that get no gradient in a step count as zero
     instead of being an error. ``compression``: ``"fp16"``/``"bf16"`` halve the bytes on the
-    network (reduction stays float32 on the host).
+    network (reduction stays float32 on the host; ranks of one host exchange float32 through
+    shared memory, where there is no network to save).
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,

@@ -97,9 +97,8 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
             ring = Ring(ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id, liveness,
                         timeout_s)
         if shared_memory and env.local_world_size > 1:
-            local = LocalGroup(ctx, shm_dir or "", env.job_id, env.secret, env.rank - env.local_rank,
-                               env.local_world_size, env.local_rank, _env_bytes("MACFLEET_SHM_SLOT_BYTES", 16 << 20),
-                               liveness, timeout_s)
+            local = LocalGroup(shm_dir or "", env.job_id, env.rank - env.local_rank, env.local_world_size,
+                               env.local_rank, _env_bytes("MACFLEET_SHM_SLOT_BYTES", 16 << 20), liveness, timeout_s)
         if shared_memory and multi_host and env.local_rank == 0:
             leaders = Ring(ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id, liveness,
                            timeout_s, name="h")
