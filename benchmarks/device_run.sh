@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 REPO=$(pwd)
 mkdir -p /tmp/run && cd /tmp/run  # not the repo root: its macfleet/ source folder would shadow the install
 mf() { python3 -m macfleet.launcher.cli "$@"; }
-nproc; python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))"
+nproc; lscpu | grep -E "Model name|L3|NUMA node\(s\)"; python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))"
 if [ "$part" = allreduce ] || [ "$part" = all ]; then
   for n in 2 4 8; do
     mf bench allreduce --nproc $n --sizes 4K,1M,16M,64M,256M --budget 1 --json $OUT/allreduce_shm_$n.json
@@ -34,6 +34,8 @@ if [ "$part" = gpu ] || [ "$part" = all ]; then
 fi
 if [ "$part" = train ] || [ "$part" = all ]; then
   python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2,4 --device cpu --steps 20 --json $OUT/train_cpu.json
+  python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2,4 --device cpu --threads-per-rank 4 --steps 20 \
+    --json $OUT/train_cpu_4threads.json
   python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2,4 --device cuda --steps 30 --json $OUT/train_cuda.json
 fi
 if [ "$part" = nccl ]; then

@@ -1,7 +1,7 @@
 """Training throughput: macfleet.DataParallel against torch DDP (gloo), side by side.
 
     python benchmarks/train_throughput.py [--nprocs 1,2,4] [--device cpu|cuda] [--models cnn,large]
-                                          [--steps 20] [--json FILE]
+                                          [--steps 20] [--threads-per-rank K] [--json FILE]
 
 For each N it runs one job (``macfleet launch --nproc N`` this file) whose ranks train each
 model with macfleet.DataParallel and then with torch DistributedDataParallel on gloo (NCCL with
@@ -9,9 +9,20 @@ model with macfleet.DataParallel and then with torch DistributedDataParallel on 
 step time, samples/s, the share of macfleet's step spent waiting for gradients after backward,
 and scaling efficiency (throughput at N / (N x throughput at 1)).
 
+On a CPU, ``--threads-per-rank K`` gives every rank K compute threads whatever N, so adding a
+rank adds cores, as adding a Mac or a GPU does; without it the launcher splits the machine's
+cores among the ranks, and N=1 already uses them all (scaling then measures how well N ranks
+share one machine, not how the job grows).
+
 Models: ``cnn`` is the MNIST example's CNN (batch 64 per rank); ``large`` is an MLP of about
 25M parameters (100 MB of float32 gradients per step, batch 128 per rank), where
-communication matters.
+communication matters, two thirds of them in one layer whose gradient is ready late in
+backward (little to overlap with); ``deep`` has the same 25M parameters in 12 layers of the
+same size, as a deep network spreads them (batch 128 per rank).
+
+Each job also times the bare model in the same processes with no gradient exchange at all
+(``local``): how fast N ranks can train on this machine if communication were free, the
+ceiling for scaling.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MODELS = {"cnn": 64, "large": 128}  # name -> per-rank batch
+MODELS = {"cnn": 64, "large": 128, "deep": 128}  # name -> per-rank batch
 
 
 def build(name: str):
@@ -37,6 +48,11 @@ def build(name: str):
         model = nn.Sequential(nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3), nn.ReLU(),
                               nn.MaxPool2d(2), nn.Flatten(), nn.Linear(800, 64), nn.ReLU(), nn.Linear(64, 10))
         shape = (1, 28, 28)
+    elif name == "deep":
+        blocks = [layer for _ in range(6) for layer in (nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 1024),
+                                                         nn.ReLU())]
+        model = nn.Sequential(*blocks, nn.Linear(1024, 10))
+        shape = (1024,)
     else:
         model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
                               nn.Linear(4096, 1024), nn.ReLU(), nn.Linear(1024, 10))
@@ -69,6 +85,8 @@ def rank_main(args: argparse.Namespace) -> None:
     import macfleet
 
     macfleet.init(device=args.device)
+    if args.threads_per_rank:
+        torch.set_num_threads(args.threads_per_rank)
     rank, world, device = macfleet.rank(), macfleet.world_size(), macfleet.device()
     dist.init_process_group(args.ddp_backend, rank=rank, world_size=world)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
@@ -86,13 +104,16 @@ def rank_main(args: argparse.Namespace) -> None:
         ddp_model = build(name)[0].to(device)
         ddp = torch.nn.parallel.DistributedDataParallel(ddp_model, device_ids=[device.index] if device.type == "cuda" else None)
         ddp_step, _ = timed_steps(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), x, y, args.steps, sync)
-        for library, seconds, waited in (("macfleet", step, wait), (f"ddp-{args.ddp_backend}", ddp_step, None)):
+        bare = build(name)[0].to(device)
+        local_step, _ = timed_steps(bare, torch.optim.SGD(bare.parameters(), lr=0.01), x, y, args.steps, sync)
+        for library, seconds, waited in (("macfleet", step, wait), (f"ddp-{args.ddp_backend}", ddp_step, None),
+                                         ("local", local_step, None)):
             worst = torch.tensor([seconds], dtype=torch.float64)
             macfleet.all_reduce(worst, "max")  # a step is as slow as its slowest rank
             results.append({"model": name, "params": params, "batch": batch, "library": library, "world": world,
                             "step_s": worst.item(), "samples_s": batch * world / worst.item(),
                             "wait_share": None if waited is None else waited / seconds})
-        del mf, ddp
+        del mf, ddp, bare
     if rank == 0 and args.out:
         Path(args.out).write_text(json.dumps(results))
     dist.destroy_process_group()
@@ -107,14 +128,15 @@ def orchestrate(args: argparse.Namespace) -> None:
             command = [sys.executable, "-m", "macfleet.launcher.cli", "launch", "--nproc", str(n),
                        "--device", args.device, os.path.abspath(__file__), "--rank-mode", "--out", str(out),
                        "--models", args.models, "--steps", str(args.steps), "--device", args.device,
-                       "--ddp-backend", args.ddp_backend]
+                       "--ddp-backend", args.ddp_backend, "--threads-per-rank", str(args.threads_per_rank)]
             subprocess.run(command, check=True)
             rows += json.loads(out.read_text())
     base = {(r["model"], r["library"]): r["samples_s"] for r in rows if r["world"] == 1}
     for r in rows:
         one = base.get((r["model"], r["library"]))
         r["scaling_efficiency"] = r["samples_s"] / (r["world"] * one) if one else None
-    print(f"training throughput, device {args.device} (step time is the slowest rank's median)")
+    threads = f", {args.threads_per_rank} threads per rank" if args.threads_per_rank else ""
+    print(f"training throughput, device {args.device}{threads} (step time is the slowest rank's median)")
     print(f"{'model':<6} {'N':>2} {'library':<10} {'step ms':>9} {'samples/s':>10} {'wait share':>10} "
           f"{'scaling':>8} {'vs DDP':>7}")
     for r in rows:
@@ -133,9 +155,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nprocs", default="1,2,4")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps", "auto"])
-    parser.add_argument("--models", default="cnn,large")
+    parser.add_argument("--models", default="cnn,large,deep")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--ddp-backend", default="gloo", choices=["gloo", "nccl"])
+    parser.add_argument("--threads-per-rank", type=int, default=0, help="CPU compute threads per rank (0: the "
+                        "launcher's share of the cores)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
