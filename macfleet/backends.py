@@ -72,12 +72,16 @@ class Device:
         nothing from pinning, and older torch refuses it there, mps-facts.md section 3)."""
         return torch.zeros(numel, dtype=dtype)
 
-    def to_host(self, src: torch.Tensor, dst: torch.Tensor, ready: HostEvent) -> None:
-        """Wait (on the host) until ``ready``, then copy ``src`` into host buffer ``dst``, blocking."""
+    def to_host(self, src: torch.Tensor, dst: torch.Tensor, ready: HostEvent) -> HostEvent:
+        """Copy ``src`` into host buffer ``dst`` once ``ready``; ``dst`` holds the data when the
+        returned event is synchronized. Here (and on MPS) the copy is done when this returns."""
         ready.synchronize()
         dst.copy_(src)  # non_blocking=False: complete when it returns (mps-facts.md checklist 6)
+        return _Done()
 
     def from_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy host buffer ``src`` back to the device; ``src`` stays untouched until the next
+        ``to_host`` into it, which is ordered after this copy."""
         dst.copy_(src)
 
     def staged(self) -> None:
@@ -118,7 +122,8 @@ class CudaDevice(Device):
 
     # A side stream for staging: a copy on the training stream would queue behind every kernel
     # backward launched after the bucket's event. The side stream waits for that event only (a
-    # wait on our own computation, never on the network), and the host blocks on the copy.
+    # wait on our own computation, never on the network). Copies are queued there and the host
+# waits for each only when it needs the data, so copies overlap the host's reductions.
     def _side_stream(self) -> torch.cuda.Stream:
         stream = getattr(self, "_side", None)
         if stream is None:
@@ -128,18 +133,18 @@ class CudaDevice(Device):
     def host_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(numel, dtype=dtype, pin_memory=True)  # DMA-able: copies run at full PCIe speed
 
-    def to_host(self, src: torch.Tensor, dst: torch.Tensor, ready: HostEvent) -> None:
+    def to_host(self, src: torch.Tensor, dst: torch.Tensor, ready: HostEvent) -> HostEvent:
         stream = self._side_stream()
         stream.wait_event(ready)  # type: ignore[arg-type]
         with torch.cuda.stream(stream):
-            dst.copy_(src)
-        stream.synchronize()  # the host holds the data when this returns
+            dst.copy_(src, non_blocking=True)  # queued: the next bucket's copy overlaps this one's reduction
+        copied = torch.cuda.Event()
+        copied.record(stream)
+        return copied
 
     def from_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        stream = self._side_stream()
-        with torch.cuda.stream(stream):
-            dst.copy_(src)
-        stream.synchronize()
+        with torch.cuda.stream(self._side_stream()):
+            dst.copy_(src, non_blocking=True)  # staged() orders the training stream after it
 
     def staged(self) -> None:
         torch.cuda.current_stream(self.index).wait_stream(self._side_stream())

@@ -214,31 +214,41 @@ class _CommThread:
             raise error
 
     def _run(self) -> None:
-        waiting: dict[int, tuple[Bucket, HostEvent]] = {}
+        staged: dict[int, tuple[Bucket, HostEvent]] = {}  # ready buckets, their copy to the host started
         next_index = 0
         while True:
-            bucket, event = self.ready.get()
-            waiting[bucket.index] = (bucket, event)
-            while next_index in waiting:  # fixed order on every rank: a mismatch would hang or corrupt
-                bucket, event = waiting.pop(next_index)
+            arrived = [] if next_index in staged else [self.ready.get()]
+            while True:  # start the copy of everything that is ready, so copies overlap reductions
                 try:
-                    self._average(bucket, event)
-                except BaseException as exc:  # surfaces in the training thread at the end of backward
-                    self.fail(exc)
-                with self.done:
-                    self.finished += 1
-                    self.done.notify_all()
-                next_index = (next_index + 1) % self.count
+                    arrived.append(self.ready.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                for bucket, event in arrived:
+                    staged[bucket.index] = (bucket, self._stage(bucket, event))
+                if next_index not in staged:
+                    continue
+                bucket, copied = staged.pop(next_index)  # fixed order on every rank: a mismatch would hang or corrupt
+                self._average(bucket, copied)
+            except BaseException as exc:  # surfaces in the training thread at the end of backward
+                self.fail(exc)
+            with self.done:
+                self.finished += 1
+                self.done.notify_all()
+            next_index = (next_index + 1) % self.count
 
-    def _average(self, bucket: Bucket, event: HostEvent) -> None:
+    def _stage(self, bucket: Bucket, ready: HostEvent) -> HostEvent:
+        if bucket.host is None:  # the device is the host: the bucket is averaged where it is
+            return ready
+        return self.device.to_host(bucket.flat, bucket.host, ready)  # the GPU never waits on the network
+
+    def _average(self, bucket: Bucket, copied: HostEvent) -> None:
+        copied.synchronize()
         name = f"gradient bucket {bucket.index}"
-        if bucket.host is None:  # the device is the host: average the bucket where it is
-            event.synchronize()
-            rt.all_reduce(bucket.flat, "avg", name=name, compression=self.compression)
-            return
-        self.device.to_host(bucket.flat, bucket.host, event)  # the host waits for the event; the GPU never waits on us
-        rt.all_reduce(bucket.host, "avg", name=name, compression=self.compression)
-        self.device.from_host(bucket.host, bucket.flat)
+        rt.all_reduce(bucket.flat if bucket.host is None else bucket.host, "avg", name=name,
+                      compression=self.compression)
+        if bucket.host is not None:
+            self.device.from_host(bucket.host, bucket.flat)
 
 
 def _by_dtype(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
