@@ -1,0 +1,74 @@
+"""The shared-memory group on its own: ranks as threads of one process over a real segment.
+
+The multi-process paths (every size, every world, crashes) are in test_collectives and
+test_faults; these tests pin down the barrier's own guarantees quickly.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from macfleet.errors import CollectiveTimeout, JobAborted
+from macfleet.shm import LocalGroup
+from macfleet.transport import Liveness
+
+
+def make_groups(tmp_path, size: int, slot_bytes: int = 4096, timeout_s: float = 10.0) -> list[LocalGroup]:
+    liveness = Liveness()
+    groups = [LocalGroup(str(tmp_path), "job", 0, size, i, slot_bytes, liveness, timeout_s) for i in range(size)]
+    with ThreadPoolExecutor(size) as pool:
+        list(pool.map(LocalGroup.attach, groups))  # attach ends with a barrier: all must map the segment
+    return groups
+
+
+def close_all(groups: list[LocalGroup]) -> None:
+    for group in groups:
+        group.close()
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_ranks_reduce_exactly_over_many_pipelined_rounds(tmp_path, size: int) -> None:
+    groups = make_groups(tmp_path, size, slot_bytes=256)  # 64 floats a round: 1000 elements take 16 rounds
+    assert not os.path.exists(groups[0].path)  # unlinked once everyone mapped it
+    inputs = [torch.randint(-50, 50, (1000,)).float() for _ in range(size)]
+    outs = [torch.empty(1000) for _ in range(size)]
+    try:
+        for op, want in (("sum", torch.stack(inputs).sum(0)), ("max", torch.stack(inputs).amax(0))):
+            with ThreadPoolExecutor(size) as pool:
+                list(pool.map(lambda i, op=op: groups[i].all_reduce(inputs[i], outs[i], op), range(size)))
+            for out in outs:
+                assert torch.equal(out, want), op
+    finally:
+        close_all(groups)
+
+
+def test_a_rank_that_never_arrives_is_named_when_the_barrier_times_out(tmp_path) -> None:
+    groups = make_groups(tmp_path, 3, timeout_s=0.5)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            arrived = pool.submit(groups[1].barrier)  # rank 1 arrives, rank 2 never does
+            started = time.monotonic()
+            with pytest.raises(CollectiveTimeout, match=r"local ranks \[2\]"):
+                groups[0].barrier()
+            assert time.monotonic() - started < 5
+            with pytest.raises(CollectiveTimeout):
+                arrived.result(timeout=10)
+    finally:
+        close_all(groups)
+
+
+def test_an_abort_ends_a_barrier_wait(tmp_path) -> None:
+    groups = make_groups(tmp_path, 2, timeout_s=60)
+    try:
+        groups[0].liveness.abort("rank 1 exited")
+        started = time.monotonic()
+        with pytest.raises(JobAborted, match="rank 1 exited"):
+            groups[0].barrier()  # rank 1 never comes: the abort, not the 60 s deadline, ends the wait
+        assert time.monotonic() - started < 5
+    finally:
+        close_all(groups)
