@@ -27,7 +27,7 @@ from macfleet.collectives import Collectives
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
 from macfleet.errors import ConfigError, RendezvousError
-from macfleet.shm import LocalGroup
+from macfleet.shm import LocalGroup, default_slot_bytes
 from macfleet.transport import Liveness, Ring
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("MACFLEET_TIMEOUT", "600"))
@@ -98,7 +98,9 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
                         timeout_s)
         if shared_memory and env.local_world_size > 1:
             local = LocalGroup(shm_dir or "", env.job_id, env.rank - env.local_rank, env.local_world_size,
-                               env.local_rank, _env_bytes("MACFLEET_SHM_SLOT_BYTES", 16 << 20), liveness, timeout_s)
+                               env.local_rank, _env_bytes("MACFLEET_SHM_SLOT_BYTES",
+                                                          default_slot_bytes(env.local_world_size)),
+                               liveness, timeout_s)
         if shared_memory and multi_host and env.local_rank == 0:
             leaders = Ring(ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id, liveness,
                            timeout_s, name="h")

@@ -198,6 +198,13 @@ class LocalGroup:
             os.unlink(self.path)
 
 
+def default_slot_bytes(ranks: int) -> int:
+    """Shared memory per rank and round. Measured (benchmarks/device_run.sh slots, 16 cores):
+    16 MiB is best up to 4 ranks, where fewer rounds matter most; from 8 ranks on, 4 MiB keeps
+    the segment (two buffers of ranks + 1 slots) in cache and was 1.3x faster at 256 MiB."""
+    return (16 << 20) if ranks <= 4 else (4 << 20)
+
+
 def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
     """``n`` elements in ``parts`` contiguous ranges, the first ``n % parts`` one longer."""
     base, extra = divmod(n, parts)
