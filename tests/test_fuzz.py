@@ -4,9 +4,11 @@ its coordinator and at every rank's ring sockets; everything bad is dropped and 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
+import time
 
 import msgpack
 import pytest
@@ -22,8 +24,11 @@ WORLD = 3
 @pytest.fixture(scope="module")
 def live_job(tmp_path_factory):
     stop = tmp_path_factory.mktemp("fuzz") / "stop"
+    # Without shared memory every collective crosses the ring sockets the fuzzer can reach
+    # (shared memory is a file only this job's ranks can open).
     proc = subprocess.Popen(launch_command("--nproc", str(WORLD), str(BIN / "steady.py"), str(stop)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "MACFLEET_SHM": "0"})
     endpoints, lines = {}, []
     assert proc.stdout is not None
     while len(endpoints) < WORLD:
@@ -74,6 +79,21 @@ def test_an_oversized_frame_is_refused(live_job) -> None:
     sock.connect(live_job["ring"][0])
     sock.send(b"\x00" * (9 << 20))  # over MAXMSGSIZE: libzmq drops the connection, not the job
     sock.close()
+
+
+def test_a_bad_frame_at_every_port_is_delivered(live_job) -> None:
+    """Whatever hypothesis drew, one unsigned frame reaches every ring socket and the
+    coordinator: terminating a context with linger waits until its queued frames are sent."""
+    ctx = zmq.Context()
+    for endpoint in [*live_job["ring"], live_job["coordinator"]]:
+        sock = ctx.socket(zmq.DEALER if endpoint == live_job["coordinator"] else zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 5000)
+        sock.connect(endpoint)
+        sock.send_multipart([b"\x00" * 32, msgpack.packb({"v": 1, "op": "forged"})])
+        sock.close()
+    started = time.monotonic()
+    ctx.term()
+    assert time.monotonic() - started < 5, "a port did not take the frame"
 
 
 def test_the_job_still_finishes_with_exact_results(live_job) -> None:
