@@ -2,8 +2,8 @@
 
 One implementation per kind (``cpu``, ``cuda``, ``mps``), chosen per process. Everything a
 trainer needs from the device goes through here: the torch device, the memory share, seeding
-and RNG state, events recorded on the device and waited for on the host, and blocking copies
-between device tensors and reusable host buffers.
+and RNG state, events recorded on the device and waited for on the host, and copies between
+device tensors and reusable host buffers (blocking on MPS; queued on a side stream on CUDA).
 
 The MPS implementation follows shared/reference/mps-facts.md: no float64, no pinned memory,
 blocking copies only, events always recorded before they are synchronized, and every
