@@ -123,7 +123,7 @@ class CudaDevice(Device):
     # A side stream for staging: a copy on the training stream would queue behind every kernel
     # backward launched after the bucket's event. The side stream waits for that event only (a
     # wait on our own computation, never on the network). Copies are queued there and the host
-# waits for each only when it needs the data, so copies overlap the host's reductions.
+    # waits for each only when it needs the data, so copies overlap the host's reductions.
     def _side_stream(self) -> torch.cuda.Stream:
         stream = getattr(self, "_side", None)
         if stream is None:

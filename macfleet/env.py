@@ -33,7 +33,8 @@ PYTORCH_ENABLE_MPS_FALLBACK
 
 Tuning knobs a user may set (forwarded to every host): ``MACFLEET_STREAMS`` (socket pairs per
 ring direction), ``MACFLEET_CHUNK_BYTES`` (pipeline chunk), ``MACFLEET_SMALL_BYTES`` (below
-this an all-reduce takes the one-pass latency path), ``MACFLEET_SHM=0`` (no shared memory),
+this an all-reduce on a ring takes the one-pass latency path; one host's ranks use shared
+memory for every size), ``MACFLEET_SHM=0`` (no shared memory),
 ``MACFLEET_SHM_SLOT_BYTES`` (shared-memory slot per rank), ``MACFLEET_TIMEOUT`` (seconds a
 collective may make no progress), ``MACFLEET_RENDEZVOUS_TIMEOUT``.
 

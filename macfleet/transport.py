@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import zmq
 
@@ -173,24 +173,19 @@ class Channel:
             self.pull.recv(copy=False)
 
     def _wait(self, sock: zmq.Socket, event: int, what: str, peer: int) -> None:
-        wait_for(sock, event, self.timeout_s, self.liveness, lambda: (
-            f"rank {self.rank}: no progress for {self.timeout_s:.0f} s waiting to {what} rank {peer} "
-            f"on channel {self.id.name} (op {self._op}, {self.dropped} frames dropped); "
-            f"is rank {peer} stuck or behind?"))
+        deadline = time.monotonic() + self.timeout_s
+        while not sock.poll(POLL_SLICE_MS, event):
+            self.liveness.check()
+            if time.monotonic() > deadline:
+                raise CollectiveTimeout(
+                    f"rank {self.rank}: no progress for {self.timeout_s:.0f} s waiting to {what} rank {peer} "
+                    f"on channel {self.id.name} (op {self._op}, {self.dropped} frames dropped); "
+                    f"is rank {peer} stuck or behind?")
+        self.liveness.check()
 
     def close(self) -> None:
         self.push.close(linger=0)
         self.pull.close(linger=0)
-
-
-def wait_for(sock: zmq.Socket, event: int, timeout_s: float, liveness: Liveness, explain: Callable[[], str]) -> None:
-    """Poll ``sock`` until ``event``, checking for an abort every slice; time out with ``explain()``."""
-    deadline = time.monotonic() + timeout_s
-    while not sock.poll(POLL_SLICE_MS, event):
-        liveness.check()
-        if time.monotonic() > deadline:
-            raise CollectiveTimeout(explain())
-    liveness.check()
 
 
 class Ring:
