@@ -37,6 +37,16 @@ def test_the_root_cause_exit_code_is_the_launchers() -> None:
     assert "rank 1" in job.stderr and "exited with code 3" in job.stderr
 
 
+def test_a_scripts_objects_are_freed_before_the_interpreter_is_torn_down(tmp_path) -> None:
+    """Freed in finalization, a gloo process group can abort the rank (pytorch#190489)."""
+    for ending, code in (([], 0), (["exit", "3"], 3), (["raise"], 1)):
+        out = tmp_path / f"freed-{'-'.join(ending) or 'end'}.txt"
+        job = run_launch("--nproc", "1", str(BIN / "finalizer.py"), str(out), *ending, timeout=60)
+        assert job.code == code, job.output
+        assert out.read_text() == "finalizing=False", ending
+    assert "ValueError: the script failed" in job.stderr  # the last, raising run still reports its error
+
+
 def test_a_rank_killed_by_a_signal_is_reported_by_name() -> None:
     job = run_launch("--nproc", "2", BEHAVE, "0", "sigkill", timeout=60)
     assert job.code == 128 + signal.SIGKILL, job.output

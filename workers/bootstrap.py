@@ -10,6 +10,7 @@ script imports it.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import runpy
@@ -24,6 +25,7 @@ def main() -> None:
         sys.exit("usage: python -m macfleet.workers.bootstrap SCRIPT [ARGS...]")
     module = sys.argv[2] if sys.argv[1] == "-m" and len(sys.argv) > 2 else None
     script = os.path.abspath(sys.argv[1])
+    code: object = 0
     try:
         if module is not None:
             sys.argv = sys.argv[2:]
@@ -34,21 +36,35 @@ def main() -> None:
             sys.argv = sys.argv[1:]
             sys.path[0] = os.path.dirname(script)  # as `python script.py` does
             runpy.run_path(script, run_name="__main__")
-    except SystemExit:
-        raise
+    except SystemExit as exc:
+        code = exc.code
     except BaseException as exc:
-        tb = exc.__traceback__
-        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
-            tb = tb.tb_next
-        exc = exc.with_traceback(tb or exc.__traceback__)
-        traceback.print_exception(exc)
-        path = os.environ.get("MACFLEET_ERROR_FILE")
-        if path:
-            try:
-                errorfile.write(path, exc)
-            except OSError:
-                pass  # the report falls back to the stderr tail the agent keeps
-        sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+        _report(exc, script)
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    # The script's objects are gone from here on (its globals were a temporary module's, and
+    # the exception that held its frames is out of scope). Free them now, while the interpreter
+    # is whole: a torch.distributed process group freed in Python's finalization instead makes
+    # gloo's worker threads take the GIL at the wrong moment and abort the process with
+    # "terminate called without an active exception" (pytorch#190489; 1 plain torchrun run in 5
+    # of a DDP script that ends with a collective). Freed here, the group's destructor joins
+    # those threads while they can still finish.
+    gc.collect()
+    sys.exit(code)
+
+
+def _report(exc: BaseException, script: str) -> None:
+    """Print the traceback as Python would, from the script's first frame, and write the error file."""
+    tb = exc.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
+        tb = tb.tb_next
+    exc = exc.with_traceback(tb or exc.__traceback__)
+    traceback.print_exception(exc)
+    path = os.environ.get("MACFLEET_ERROR_FILE")
+    if path:
+        try:
+            errorfile.write(path, exc)
+        except OSError:
+            pass  # the report falls back to the stderr tail the agent keeps
 
 
 if __name__ == "__main__":
