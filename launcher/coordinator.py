@@ -225,6 +225,8 @@ class Coordinator:
         exit_ = WorkerExit.from_fields(msg)
         self.exits[exit_.rank] = exit_
         self.peers.setdefault(f"rank-{exit_.rank}", Peer(b"")).watched = False
+        if len(self.exits) == self.world_size:  # agent 0 serves the store until the last rank is out
+            self.send("agent-0", protocol.END)
         if exit_.code != 0:
             what = f"signal {exit_.signal}" if exit_.signal else f"exit code {exit_.code}"
             self.fail(Failure(exit_.time, f"rank {exit_.rank} ({exit_.host}) failed with {what}", exit_.rank, exit_))

@@ -9,8 +9,13 @@ variable                           meaning
 =================================  ==========================================================
 RANK, WORLD_SIZE                   global rank and number of processes (as torchrun)
 LOCAL_RANK, LOCAL_WORLD_SIZE       rank among, and number of, the processes on this host
-MASTER_ADDR, MASTER_PORT           a free port on rank 0's host, for scripts that use
-                                   torch.distributed themselves
+MASTER_ADDR, MASTER_PORT           the job's torch.distributed store, on rank 0's host, for
+                                   scripts that use torch.distributed themselves
+TORCHELASTIC_USE_AGENT_STORE       True, as under torchrun: that store is served by rank 0's
+                                   agent for the whole job, not by rank 0, so every rank is a
+                                   client (and an ``init_method`` other than env:// or
+                                   tcp://MASTER_ADDR:MASTER_PORT finds no store)
+TORCHELASTIC_RESTART_COUNT         the same as MACFLEET_RESTART_COUNT (older torch reads it there)
 MACFLEET_COORDINATOR               control-plane endpoint, ``tcp://host:port``
 MACFLEET_JOB_ID                    job identity; every message carries it
 MACFLEET_RESTART_COUNT             restart round, 0 for the first

@@ -11,6 +11,8 @@ Flow of one job::
     coord  -> worker        peers    {table}                           (once every rank registered)
     worker/agent -> coord   beat     {progress}                        (every HEARTBEAT_S)
     agent  -> coordinator   exit     {rank, pid, code, signal, error}  (per worker exit)
+    coord  -> agent 0       end      {}                                (every rank has exited: it may
+                                                                       close the torch.distributed store)
     agent  -> coordinator   done     {}                                (all its workers have exited)
     worker -> coordinator   bye      {}                                (shutdown: stop watching my beats)
     worker -> coordinator   report   {rank, data}                      (measurements, for macfleet doctor)
@@ -31,6 +33,7 @@ PEERS = "peers"
 BEAT = "beat"
 EXIT = "exit"
 DONE = "done"
+END = "end"
 ABORT = "abort"
 BYE = "bye"
 REPORT = "report"

@@ -55,6 +55,15 @@ def test_an_unmodified_ddp_gloo_script_runs_across_hosts(sshd) -> None:
         assert f"ddp ok rank {rank} of 3 local {local}" in job.stdout
 
 
+def test_the_torch_distributed_store_outlives_rank_0(sshd) -> None:
+    """Rank 0 leaves at once; ranks on the other host still reach the store afterwards."""
+    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:2", *sshd.launch_options(), str(BIN / "store_after_rank0.py"),
+                     timeout=60)
+    assert job.code == 0, job.output
+    for rank in (1, 2):
+        assert f"[rank {rank} 127.0.0.3] store served rank {rank} after rank 0 left: yes" in job.stdout
+
+
 def test_hosts_with_different_versions_are_refused(sshd, tmp_path) -> None:
     # On "host" 127.0.0.3 the interpreter sees a different torch distribution (a dist-info that
     # shadows the real one), as a Mac with another torch install would.

@@ -6,7 +6,8 @@ ranks as fresh interpreters (never forked from a process that imported torch), e
 its own process group. It streams their output with ``[rank K]`` prefixes, reports every exit
 with the rank's error file, and stops its ranks (SIGTERM, grace, SIGKILL to the group) when
 the coordinator aborts, when the launcher goes away (stdin closes: the launcher died, or the
-ssh connection did), or when it is itself told to stop.
+ssh connection did), or when it is itself told to stop. The agent of rank 0's host also serves
+the job's torch.distributed store (``macfleet.workers.store``) until every rank of the job is out.
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: st
         "LOCAL_WORLD_SIZE": str(spec.slots),
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
+        # Agent 0 serves the store (workers/store.py); torch then makes every rank a client.
+        # TORCHELASTIC_RESTART_COUNT is read on that path by torch < 2.4.
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": str(spec.restart_count),
         "MACFLEET_COORDINATOR": spec.coordinator,
         "MACFLEET_JOB_ID": spec.job_id,
         "MACFLEET_RESTART_COUNT": str(spec.restart_count),
@@ -150,6 +155,8 @@ class Agent:
         self._stop_started: float | None = None
         self.data_addr = ""
         self.last_heard = time.monotonic()
+        self.store_socket: socket.socket | None = None  # host 0: bound now, served by the store process
+        self.store: subprocess.Popen | None = None
 
     def run(self) -> int:
         threading.Thread(target=self._watch_stdin, daemon=True).start()
@@ -162,24 +169,32 @@ class Agent:
             return 2
         hello = {"host_index": self.spec.host_index, "facts": host_facts(), "data_addr": self.data_addr}
         if self.spec.host_index == 0:
-            hello["master_port"] = _free_port(self.data_addr)
+            self.store_socket = _listening_socket(self.data_addr)
+            hello["master_port"] = self.store_socket.getsockname()[1]
         self.client.send(protocol.HELLO, **hello)
-        start = self._wait_for_start()
+        start = self._wait_for(protocol.START)
         if start is None:
             return self._finish()
+        if self.store_socket is not None:
+            self._start_store()
         for local_rank in range(self.spec.slots):
             self._spawn(local_rank, str(start["master_addr"]), int(start["master_port"]))
         self._supervise()
+        if self.store is not None:
+            # Ranks on other hosts may still be tearing down their process groups: serve their
+            # store until the coordinator says every rank is out (or the job is stopped).
+            self._wait_for(protocol.END)
         return self._finish()
 
-    def _wait_for_start(self) -> dict | None:
+    def _wait_for(self, kind: str) -> dict | None:
+        """Beat and listen until the coordinator sends ``kind``; None if the job is stopped first."""
         next_beat = 0.0
         while self.stop_reason is None:
             if time.monotonic() >= next_beat:
                 self.client.send(protocol.BEAT, progress=0)
                 next_beat = time.monotonic() + protocol.HEARTBEAT_S
             msg = self._listen(0.1)
-            if msg is not None and msg.get("kind") == protocol.START:
+            if msg is not None and msg.get("kind") == kind:
                 return msg
         return None
 
@@ -220,6 +235,20 @@ class Agent:
             worker.pumps.append(pump)
         self.workers.append(worker)
 
+    def _start_store(self) -> None:
+        """Hand the listening socket to the store process; ranks that connect before it is up
+        wait in the socket's backlog."""
+        sock = self.store_socket
+        assert sock is not None
+        addr, port = sock.getsockname()[:2]
+        self.store = subprocess.Popen(
+            [self.spec.python, "-m", "macfleet.workers.store", str(sock.fileno()), addr, str(port)],
+            pass_fds=(sock.fileno(),), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        sock.close()
+        self.store_socket = None
+
     def _pump(self, stream: IO[bytes], sink: IO[bytes], prefix: bytes, tail: deque | None) -> None:
         for line in iter(stream.readline, b""):
             if not line.endswith(b"\n"):
@@ -242,8 +271,15 @@ class Agent:
                 next_beat = time.monotonic() + protocol.HEARTBEAT_S
             self._listen(0.05)
             self._reap()
+            self._check_store()
             if self.stop_reason is not None:
                 self._stop_workers()
+
+    def _check_store(self) -> None:
+        if self.store is not None and self.store.poll() is not None and self.stop_reason is None:
+            code, self.store = self.store.returncode, None
+            print(f"macfleet agent on {self.spec.host}: the torch.distributed store (MASTER_PORT) exited "
+                  f"with code {code}; a script's init_process_group will time out", file=sys.stderr, flush=True)
 
     def _reap(self) -> None:
         for w in self.workers:
@@ -279,6 +315,11 @@ class Agent:
     def _finish(self) -> int:
         for w in self.workers:
             _killpg(w.proc.pid, signal.SIGKILL)  # nothing of this job outlives the agent
+        if self.store is not None:
+            _killpg(self.store.pid, signal.SIGKILL)
+            self.store.wait()
+        if self.store_socket is not None:
+            self.store_socket.close()
         self.client.send(protocol.DONE, host_index=self.spec.host_index)
         self.client.close()
         self.ctx.destroy(linger=1000)
@@ -306,10 +347,11 @@ def _killpg(pid: int, sig: int) -> None:
         pass
 
 
-def _free_port(addr: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]
+def _listening_socket(addr: str) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)
+    sock.bind((addr, 0))
+    sock.listen(1024)  # every rank of a large job may connect before the store process is up
+    return sock
 
 
 def _read_json(path: str) -> dict | None:
