@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batch of measurements on the device machine (CUDA standing in for Metal, 16 cores).
-# Usage there: bash benchmarks/device_run.sh PART   (PART: allreduce | gpu | train | all)
+# Usage there: bash benchmarks/device_run.sh PART   (PART: allreduce | gpu | train | all; tuning: slots | chunks)
 # For the NCCL ceiling (one process per GPU), on a 2-GPU machine: bash benchmarks/device_run.sh nccl
 set -u
 part=${1:-all}
@@ -24,6 +24,12 @@ if [ "$part" = slots ]; then  # tuning: shared-memory slot size per rank (MACFLE
   for n in ${NPROCS:-2 4 8}; do for slot in ${SLOTS:-16M 4M 1M 256K}; do
     MACFLEET_SHM_SLOT_BYTES=$(python3 -c "import sys; from macfleet.workers.benchallreduce import parse_size as p; print(p(sys.argv[1]))" $slot) \
       mf bench allreduce --nproc $n --sizes ${SIZES:-16M,64M,256M} --budget 0.5 --json $OUT/slots_${n}_$slot.json
+  done; done
+fi
+if [ "$part" = chunks ]; then  # tuning: the ring's pipeline chunk (MACFLEET_CHUNK_BYTES), shared memory off
+  for n in ${NPROCS:-4 8}; do for chunk in ${CHUNKS:-4M 1M 256K}; do
+    MACFLEET_SHM=0 MACFLEET_CHUNK_BYTES=$(python3 -c "import sys; from macfleet.workers.benchallreduce import parse_size as p; print(p(sys.argv[1]))" $chunk) \
+      mf bench allreduce --nproc $n --sizes ${SIZES:-1M,16M,64M} --budget 0.5 --json $OUT/chunks_${n}_$chunk.json
   done; done
 fi
 if [ "$part" = gpu ] || [ "$part" = all ]; then

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 
 from conftest import BIN, job_processes, kill_group, launch_command, run_launch
@@ -93,6 +94,24 @@ def test_the_environment_contract_and_per_rank_seeds() -> None:
         assert fields["PYTORCH_MPS_HIGH_WATERMARK_RATIO"] == fields["MACFLEET_MEMORY_FRACTION"]
     assert seen[0]["MACFLEET_JOB_ID"] == seen[1]["MACFLEET_JOB_ID"]
     assert seen[0]["python_random"] != seen[1]["python_random"]
+
+
+def test_bench_allreduce_prints_both_libraries_side_by_side(tmp_path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "bench", "allreduce", "--nproc", "2", "--sizes", "4K,256K",
+                           "--budget", "0.05", "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # every result was checked against the exact sum
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((r["bytes"], r["library"]) for r in rows) == [(4096, "gloo"), (4096, "macfleet"),
+                                                                  (262144, "gloo"), (262144, "macfleet")]
+    for row in rows:
+        assert row["calls"] >= 3
+        assert abs(row["busbw_gbs"] - row["bytes"] / row["seconds"] / 1e9) < 1e-6 * row["busbw_gbs"]  # 2(N-1)/N = 1
+    table = proc.stdout[proc.stdout.index("speed-up"):].splitlines()[1:3]
+    for line, size in zip(table, (4096, 262144), strict=True):
+        ours, gloo = (next(r["seconds"] for r in rows if r["bytes"] == size and r["library"] == lib)
+                      for lib in ("macfleet", "gloo"))
+        assert line.split()[-1] == f"{gloo / ours:.2f}x", line
 
 
 def test_a_missing_script_is_a_one_line_error(tmp_path) -> None:
