@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batch of measurements on the device machine (CUDA standing in for Metal, 16 cores).
-# Usage there: bash benchmarks/device_run.sh PART   (PART: allreduce | gpu | train | all; tuning: slots | chunks)
+# Usage there: bash benchmarks/device_run.sh PART   (PART: allreduce | gpu | train | all; tuning: slots | chunks | parts)
 # For the NCCL ceiling (one process per GPU), on a 2-GPU machine: bash benchmarks/device_run.sh nccl
 set -u
 part=${1:-all}
@@ -30,6 +30,12 @@ if [ "$part" = chunks ]; then  # tuning: the ring's pipeline chunk (MACFLEET_CHU
   for n in ${NPROCS:-4 8}; do for chunk in ${CHUNKS:-4M 1M 256K}; do
     MACFLEET_SHM=0 MACFLEET_CHUNK_BYTES=$(python3 -c "import sys; from macfleet.workers.benchallreduce import parse_size as p; print(p(sys.argv[1]))" $chunk) \
       mf bench allreduce --nproc $n --sizes ${SIZES:-1M,16M,64M} --budget 0.5 --json $OUT/chunks_${n}_$chunk.json
+  done; done
+fi
+if [ "$part" = parts ]; then  # tuning: the smallest part per member that gets its own channel (MACFLEET_MIN_PART_BYTES)
+  for n in ${NPROCS:-4 8}; do for p in ${PARTS:-256K 64K}; do
+    MACFLEET_SHM=0 MACFLEET_MIN_PART_BYTES=$(python3 -c "import sys; from macfleet.workers.benchallreduce import parse_size as p; print(p(sys.argv[1]))" $p) \
+      mf bench allreduce --nproc $n --sizes ${SIZES:-256K,1M,4M} --budget 0.5 --json $OUT/parts_${n}_$p.json
   done; done
 fi
 if [ "$part" = gpu ] || [ "$part" = all ]; then
