@@ -15,6 +15,7 @@ import importlib.util
 import os
 import runpy
 import sys
+import time
 import traceback
 
 from macfleet import errorfile
@@ -41,15 +42,22 @@ def main() -> None:
     except BaseException as exc:
         _report(exc, script)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-    # The script's objects are gone from here on (its globals were a temporary module's, and
-    # the exception that held its frames is out of scope). Free them now, while the interpreter
-    # is whole: a torch.distributed process group freed in Python's finalization instead makes
-    # gloo's worker threads take the GIL at the wrong moment and abort the process with
-    # "terminate called without an active exception" (pytorch#190489; 1 plain torchrun run in 5
-    # of a DDP script that ends with a collective). Freed here, the group's destructor joins
-    # those threads while they can still finish.
-    gc.collect()
+    _free_script_objects()
     sys.exit(code)
+
+
+def _free_script_objects() -> None:
+    """The script's objects are unreachable from here on (its globals were a temporary module's,
+    and the exception that held its frames is out of scope): free them while the interpreter is
+    whole. Left to Python's finalization, a gloo process group aborts the process with
+    "terminate called without an active exception" (pytorch#190489; 1 plain torchrun run in 5
+    of a DDP script that ends with a collective): a gloo run-loop thread drops the last
+    collective's tensors just after it completes and must take the GIL to do so, which a thread
+    cannot do once finalization has begun."""
+    # Nothing signals when those threads are done, so first give them the GIL for a moment
+    # (they need microseconds); the collection then frees the group, whose destructor joins them.
+    time.sleep(0.01)
+    gc.collect()
 
 
 def _report(exc: BaseException, script: str) -> None:
