@@ -12,6 +12,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 REPO=$(pwd)
 mkdir -p /tmp/run && cd /tmp/run  # not the repo root: its macfleet/ source folder would shadow the install
 mf() { python3 -m macfleet.launcher.cli "$@"; }
+bytes_of() { python3 -c "import sys; from macfleet.workers.benchallreduce import parse_size; print(parse_size(sys.argv[1]))" "$1"; }  # 4M -> 4194304
 nproc; lscpu | grep -E "Model name|L3|NUMA node\(s\)"; python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))"
 if [ "$part" = allreduce ] || [ "$part" = all ]; then
   for n in 2 4 8; do
@@ -22,19 +23,19 @@ if [ "$part" = allreduce ] || [ "$part" = all ]; then
 fi
 if [ "$part" = slots ]; then  # tuning: shared-memory slot size per rank (MACFLEET_SHM_SLOT_BYTES)
   for n in ${NPROCS:-2 4 8}; do for slot in ${SLOTS:-16M 4M 1M 256K}; do
-    MACFLEET_SHM_SLOT_BYTES=$(python3 -c "import sys; from macfleet.workers.benchallreduce import parse_size as p; print(p(sys.argv[1]))" $slot) \
+    MACFLEET_SHM_SLOT_BYTES=$(bytes_of $slot) \
       mf bench allreduce --nproc $n --sizes ${SIZES:-16M,64M,256M} --budget 0.5 --json $OUT/slots_${n}_$slot.json
   done; done
 fi
 if [ "$part" = chunks ]; then  # tuning: the ring's pipeline chunk (MACFLEET_CHUNK_BYTES), shared memory off
   for n in ${NPROCS:-4 8}; do for chunk in ${CHUNKS:-4M 1M 256K}; do
-    MACFLEET_SHM=0 MACFLEET_CHUNK_BYTES=$(python3 -c "import sys; from macfleet.workers.benchallreduce import parse_size as p; print(p(sys.argv[1]))" $chunk) \
+    MACFLEET_SHM=0 MACFLEET_CHUNK_BYTES=$(bytes_of $chunk) \
       mf bench allreduce --nproc $n --sizes ${SIZES:-1M,16M,64M} --budget 0.5 --json $OUT/chunks_${n}_$chunk.json
   done; done
 fi
 if [ "$part" = parts ]; then  # tuning: the smallest part per member that gets its own channel (MACFLEET_MIN_PART_BYTES)
   for n in ${NPROCS:-4 8}; do for p in ${PARTS:-256K 64K}; do
-    MACFLEET_SHM=0 MACFLEET_MIN_PART_BYTES=$(python3 -c "import sys; from macfleet.workers.benchallreduce import parse_size as p; print(p(sys.argv[1]))" $p) \
+    MACFLEET_SHM=0 MACFLEET_MIN_PART_BYTES=$(bytes_of $p) \
       mf bench allreduce --nproc $n --sizes ${SIZES:-256K,1M,4M} --budget 0.5 --json $OUT/parts_${n}_$p.json
   done; done
 fi
