@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 import torch
 import zmq
 
+from macfleet import hostops
 from macfleet.backends import check_tensor
 from macfleet.errors import CollectiveTimeout, ConfigError
 from macfleet.shm import LocalGroup, split_evenly
@@ -70,9 +71,12 @@ class HostBuffers:
 class Collectives:
     def __init__(self, ring: Ring, chunk_bytes: int = 4 << 20, small_bytes: int = 64 << 10,
                  min_part_bytes: int = 256 << 10, local: LocalGroup | None = None, leaders: Ring | None = None,
-                 shared_memory: bool = False, all_streams: bool = True) -> None:
+                 shared_memory: bool = False, all_streams: bool = True,
+                 inline_bytes: int = hostops.INLINE_BYTES) -> None:
         """``shared_memory``: all-reduce through ``local`` (this host's ranks) and, across hosts,
-        ``leaders`` (the ring of each host's first rank, given to those ranks only)."""
+        ``leaders`` (the ring of each host's first rank, given to those ranks only).
+        ``inline_bytes``: collectives up to this size do their arithmetic on the calling thread
+        alone (``macfleet.hostops``)."""
         self.ring = ring
         self.local, self.leaders, self.shared_memory = local, leaders, shared_memory
         self.all_streams = all_streams  # else only two-member rings use streams beyond the first
@@ -80,6 +84,7 @@ class Collectives:
         self.chunk_bytes = chunk_bytes
         self.small_bytes = small_bytes
         self.min_part_bytes = min_part_bytes
+        self.inline_bytes = inline_bytes
         self.ops_done = 0  # progress counter, read by the heartbeat
         self.current: tuple[str, int, float] | None = None  # (collective, op id, since): what we wait in
         self.last_algorithm = ""  # which path the last all_reduce took (for benchmarks)
@@ -103,7 +108,7 @@ class Collectives:
             raise ConfigError(f"all_reduce op 'avg' needs a floating-point tensor; {name} is {tensor.dtype}")
         work_dtype = WORK_DTYPE.get(tensor.dtype, tensor.dtype)
         numel = tensor.numel()
-        with self._collective("all_reduce") as op_id:
+        with self._collective("all_reduce", numel * work_dtype.itemsize) as op_id:
             if numel == 0:
                 return tensor
             # A contiguous host tensor already in the working dtype is reduced in its own memory;
@@ -134,7 +139,7 @@ class Collectives:
         self._check(tensor, name)
         if not 0 <= src < self.world:
             raise ConfigError(f"broadcast src={src} is not a rank of this job (world size {self.world})")
-        with self._collective("broadcast") as op_id:
+        with self._collective("broadcast", tensor.numel() * tensor.element_size()) as op_id:
             if tensor.numel() == 0:
                 return tensor
             work, raw = self._host.get("broadcast", tensor.numel(), tensor.dtype)
@@ -161,7 +166,7 @@ class Collectives:
         """Every rank's tensor, stacked: a new tensor of shape ``(world, *tensor.shape)``."""
         self._check(tensor, name)
         out = torch.empty((self.world, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
-        with self._collective("all_gather") as op_id:
+        with self._collective("all_gather", self.world * tensor.numel() * tensor.element_size()) as op_id:
             if tensor.numel() == 0:
                 return out
             blocks, raw = self._host.get("gather", self.world * tensor.numel(), tensor.dtype)
@@ -255,7 +260,7 @@ class Collectives:
         for p in range(1, parts):
             a, b = bounds[p]
             jobs.append(self._pool.submit(  # type: ignore[union-attr]
-                self._reduce_part, ring.channels[p], ring.world, op_id, work[a:b], packed[a:b],
+                self._reduce_part_threaded, numel * size, ring.channels[p], ring.world, op_id, work[a:b], packed[a:b],
                 packed_raw[a * wsize: b * wsize], reducer, meta))
         a, b = bounds[0]
         try:
@@ -264,6 +269,11 @@ class Collectives:
         finally:
             for job in jobs:
                 job.result()
+
+    def _reduce_part_threaded(self, nbytes: int, *args: object) -> None:
+        """``_reduce_part`` on a pool thread, with the collective's thread setting."""
+        with hostops.threads_for(nbytes, self.inline_bytes):
+            self._reduce_part(*args)  # type: ignore[arg-type]
 
     def _reduce_part(self, ch: Channel, n: int, op_id: int, x: torch.Tensor, packed: torch.Tensor, raw: memoryview,
                      reducer: Reducer, meta: dict) -> None:
@@ -311,10 +321,11 @@ class Collectives:
 
     # -- helpers ----------------------------------------------------------------------------
     @contextmanager
-    def _collective(self, kind: str) -> Iterator[int]:
+    def _collective(self, kind: str, nbytes: int) -> Iterator[int]:
         """One collective at a time, in issue order; what we are in is visible to the heartbeat
-        (the coordinator's stall report names who waits on whom)."""
-        with self._lock:
+        (the coordinator's stall report names who waits on whom). A small one (``nbytes``) does
+        its arithmetic on this thread alone."""
+        with self._lock, hostops.threads_for(nbytes, self.inline_bytes):
             op_id = self.next_op()
             self.current = (kind, op_id, time.monotonic())
             try:

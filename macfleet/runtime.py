@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 import zmq
 
-from macfleet import backends
+from macfleet import backends, hostops
 from macfleet import protocol
 from macfleet.collectives import Collectives
 from macfleet.control import ControlClient
@@ -134,6 +134,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
             chunk_bytes=min(MAX_FRAME_BYTES, _env_bytes("MACFLEET_CHUNK_BYTES", 4 << 20)),
             small_bytes=_env_bytes("MACFLEET_SMALL_BYTES", 64 << 10),
             min_part_bytes=_env_bytes("MACFLEET_MIN_PART_BYTES", 256 << 10),
+            inline_bytes=_env_bytes("MACFLEET_INLINE_BYTES", hostops.INLINE_BYTES),
             local=local, leaders=leaders, shared_memory=shared_memory, all_streams=explicit is not None,
         )
         control.status = collectives.status

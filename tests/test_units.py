@@ -6,6 +6,7 @@ import gzip
 import struct
 import subprocess
 import sys
+import threading
 
 import msgpack
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import MNIST
-from macfleet import ConfigError, wire
+from macfleet import ConfigError, hostops, wire
 from macfleet.backends import MpsDevice, check_tensor
 from macfleet.env import WorkerEnv
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
@@ -121,6 +122,38 @@ def test_float64_is_refused_for_mps_by_name() -> None:
         MpsDevice().check_dtype(torch.zeros(2, dtype=torch.float64), "weights")
     MpsDevice().check_dtype(torch.zeros(2, dtype=torch.float32), "weights")
     check_tensor(torch.zeros(2, dtype=torch.float64), "cpu tensors may be float64")
+
+
+# -- host arithmetic threads ------------------------------------------------------------------
+@pytest.mark.skipif(not torch.backends.openmp.is_available(), reason="torch built without OpenMP")
+def test_a_small_collective_runs_its_arithmetic_on_its_own_thread_only() -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    inside, release = threading.Event(), threading.Event()
+    seen: dict[str, int] = {}
+
+    def collective_thread() -> None:
+        with hostops.threads_for(1024, inline_bytes=4096):
+            seen["small"] = torch.get_num_threads()
+            inside.set()
+            release.wait(10)
+        seen["after"] = torch.get_num_threads()
+        with hostops.threads_for(8192, inline_bytes=4096):
+            seen["large"] = torch.get_num_threads()
+        with pytest.raises(KeyError), hostops.threads_for(1024, inline_bytes=4096):
+            raise KeyError("a failed collective")
+        seen["after error"] = torch.get_num_threads()
+
+    try:
+        worker = threading.Thread(target=collective_thread)
+        worker.start()
+        assert inside.wait(10)
+        seen["training thread meanwhile"] = torch.get_num_threads()
+        release.set()
+        worker.join(10)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == {"small": 1, "training thread meanwhile": 2, "after": 2, "large": 2, "after error": 2}
 
 
 # -- the example's data -----------------------------------------------------------------------
