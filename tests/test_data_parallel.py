@@ -31,7 +31,7 @@ def reference(case: str) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-@pytest.mark.parametrize("case", ["buckets", "order", "no_sync", "unused-allowed", "fp16", "bf16"])
+@pytest.mark.parametrize("case", ["buckets", "single", "order", "no_sync", "unused-allowed", "fp16", "bf16"])
 def test_data_parallel_matches_the_whole_batch(tmp_path, case: str) -> None:
     out = tmp_path / "params.pt"
     # compression casts what crosses the network; ranks of one host share float32 memory
@@ -49,8 +49,9 @@ def test_data_parallel_matches_the_whole_batch(tmp_path, case: str) -> None:
         assert any(not torch.equal(got[n], plain[n]) for n in plain)
 
 
-def test_a_parameter_without_gradient_is_named_not_a_hang() -> None:
-    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "unused", "/dev/null", timeout=60)
+@pytest.mark.parametrize("case", ["unused", "unused-single"])
+def test_a_parameter_without_gradient_is_named_not_a_hang(case: str) -> None:
+    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), case, "/dev/null", timeout=60)
     assert job.code != 0
     report = job.stderr[job.stderr.index("root cause"):]
     assert "spare.weight" in report and "find_unused_parameters=True" in report

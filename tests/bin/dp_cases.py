@@ -1,8 +1,9 @@
 """DataParallel cases against the single-process oracle: ``dp_cases.py CASE OUT``.
 
-Cases: ``buckets`` (one bucket per parameter), ``order`` (ranks make gradients ready in
+Cases: ``buckets`` (one bucket per parameter), ``single`` (default bucket sizes: the whole
+model in one bucket, averaged on the thread that ran backward), ``order`` (ranks make gradients ready in
 opposite orders), ``no_sync`` (two micro-batches per step), ``unused`` / ``unused-allowed``
-(a parameter that gets no gradient), ``fp16`` / ``bf16`` (wire compression), ``buffers``
+(a parameter that gets no gradient; ``unused-single`` in one bucket), ``fp16`` / ``bf16`` (wire compression), ``buffers``
 (BatchNorm statistics broadcast from rank 0). Rank 0 saves its parameters to OUT.
 """
 
@@ -74,13 +75,14 @@ def main():
     module = make(case)
     if case == "order":
         module.first = "a" if rank % 2 == 0 else "b"
-    options = {"bucket_cap_mb": 1e-4, "first_bucket_mb": 1e-4}  # about one bucket per parameter
+    single = case.endswith("single")
+    options = {} if single else {"bucket_cap_mb": 1e-4, "first_bucket_mb": 1e-4}  # about one bucket per parameter
     if case in ("fp16", "bf16"):
         options["compression"] = case
     if case == "unused-allowed":
         options["find_unused_parameters"] = True
     model = macfleet.DataParallel(module, **options)
-    assert len(model.buckets) > 3, len(model.buckets)
+    assert len(model.buckets) == 1 if single else len(model.buckets) > 3, len(model.buckets)
     opt = oracle.make_optimizer(model)
     x, y = oracle.make_batch()
     shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
