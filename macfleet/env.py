@@ -40,7 +40,9 @@ Tuning knobs a user may set (forwarded to every host): ``MACFLEET_STREAMS`` (soc
 ring direction), ``MACFLEET_CHUNK_BYTES`` (pipeline chunk), ``MACFLEET_SMALL_BYTES`` (below
 this an all-reduce on a ring takes the one-pass latency path; one host's ranks use shared
 memory for every size), ``MACFLEET_SHM=0`` (no shared memory),
-``MACFLEET_SHM_SLOT_BYTES`` (shared-memory slot per rank), ``MACFLEET_TIMEOUT`` (seconds a
+``MACFLEET_SHM_SLOT_BYTES`` (shared-memory slot per rank), ``MACFLEET_INLINE_BYTES`` (up to
+this size a collective's host arithmetic runs on its own thread, not on torch's OpenMP team),
+``MACFLEET_TIMEOUT`` (seconds a
 collective may make no progress), ``MACFLEET_RENDEZVOUS_TIMEOUT``.
 
 A script run with plain ``python train.py`` has none of these and gets world size 1.

@@ -2,11 +2,12 @@
 
 torch runs an op on more than 32768 elements on the calling thread's OpenMP team, and every
 thread that calls torch has a team of its own (the training thread's, the bucket thread's, the
-ring's part threads). Once a host has more team threads than cores, which several ranks with
-two or three teams each soon reach, OpenMP stops spinning between parallel regions, so each
-op pays for waking its team through the kernel. Measured on the device machine (16 cores,
-2 ranks of 8 threads): a 227 KB copy took 42-69 us on the team and 9 us on one thread; on
-this project's 2-core machine, 85 us against 6 us when called from a second thread. gloo
+ring's part threads). Between parallel regions those teams sleep: ranks run with
+``OMP_WAIT_POLICY=PASSIVE`` (the agent sets it, since spinning teams starve the communication
+threads), and even without it OpenMP stops spinning once a host has more team threads than
+cores. So every such op pays for waking its team through the kernel. Measured on the device
+machine (16 cores, 2 ranks of 8 threads): a 227 KB copy took 42-69 us on the team and 9 us on
+one thread; on this project's 2-core machine, 85 us against 6 us from a second thread. gloo
 reduces in plain loops and never pays it, and a small model's gradient bucket passes through
 four or five such ops per step (copy in, reduce, copy out, average).
 
