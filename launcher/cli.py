@@ -145,8 +145,11 @@ def bench() -> None:
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True)
 @click.option("--budget", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
               help="Seconds of timing per size and library.")
+@click.option("--shared-tensors", is_flag=True, help="Allocate the tensors with macfleet.host_tensor, in memory "
+              "this host's ranks share (as DataParallel's buckets are): macfleet reduces them where they are.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
-def bench_allreduce(sizes: str, dtype: str, budget: float, json_path: str | None, **hosts: Any) -> None:
+def bench_allreduce(sizes: str, dtype: str, budget: float, shared_tensors: bool, json_path: str | None,
+                    **hosts: Any) -> None:
     """Time macfleet's all-reduce and gloo's on the same processes and tensors, side by side."""
     from macfleet.launcher.bench import run_bench
 
@@ -154,7 +157,8 @@ def bench_allreduce(sizes: str, dtype: str, budget: float, json_path: str | None
         if not size.strip() or not size.strip().rstrip("KMGkmgBbIi").replace(".", "", 1).isdigit():
             raise click.BadParameter(f"{size!r} is not a size like 4K, 16M or 1G", param_hint="--sizes")
     cfg = make_config("-m", ["macfleet.workers.benchallreduce", "--sizes", sizes, "--dtype", dtype,
-                             "--budget", str(budget)], device="cpu", **hosts)
+                             "--budget", str(budget), *(["--shared-tensors"] if shared_tensors else [])],
+                      device="cpu", **hosts)
     sys.exit(run_bench(cfg, json_path))
 
 

@@ -67,10 +67,11 @@ class Device:
         return _Done()
 
     # Staging: device tensors to and from reusable host buffers, for the communication thread.
-    def host_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A host buffer to stage this device's tensors through (plain memory: MPS gains
-        nothing from pinning, and older torch refuses it there, mps-facts.md section 3)."""
-        return torch.zeros(numel, dtype=dtype)
+    def host_buffer(self, numel: int, dtype: torch.dtype, memory: torch.Tensor | None = None) -> torch.Tensor:
+        """A host buffer to stage this device's tensors through: ``memory`` (a host tensor of
+        ``numel`` elements, e.g. shared memory) where given, else a new one. Plain memory: MPS
+        gains nothing from pinning, and older torch refuses it there (mps-facts.md section 3)."""
+        return memory if memory is not None else torch.zeros(numel, dtype=dtype)
 
     def to_host(self, src: torch.Tensor, dst: torch.Tensor, ready: HostEvent) -> HostEvent:
         """Copy ``src`` into host buffer ``dst`` once ``ready``; ``dst`` holds the data when the
@@ -130,8 +131,13 @@ class CudaDevice(Device):
             stream = self._side = torch.cuda.Stream(self.index)
         return stream
 
-    def host_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return torch.zeros(numel, dtype=dtype, pin_memory=True)  # DMA-able: copies run at full PCIe speed
+    def host_buffer(self, numel: int, dtype: torch.dtype, memory: torch.Tensor | None = None) -> torch.Tensor:
+        if memory is None:
+            return torch.zeros(numel, dtype=dtype, pin_memory=True)  # DMA-able: copies run at full PCIe speed
+        # Page-lock memory we did not allocate (shared memory), so copies to it are DMA and stay
+        # asynchronous; if the driver refuses, copies still work, staged through the driver.
+        torch.cuda.cudart().cudaHostRegister(memory.data_ptr(), memory.numel() * memory.element_size(), 0)
+        return memory
 
     def to_host(self, src: torch.Tensor, dst: torch.Tensor, ready: HostEvent) -> HostEvent:
         stream = self._side_stream()

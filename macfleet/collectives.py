@@ -123,13 +123,14 @@ class Collectives:
             reducer = REDUCERS[op]
             # Through shared memory whatever the size: its barrier costs microseconds, so even a
             # 4 KiB all-reduce is faster there than one pass round the ring (benchmarks/).
+            averaged = False
             if self.shared_memory:
-                self._reduce_hierarchical(op_id, tensor.reshape(-1), work, raw, op, meta, wire)
+                averaged = self._reduce_hierarchical(op_id, tensor.reshape(-1), work, raw, op, meta, wire)
             else:
                 if not in_place:
                     work.copy_(tensor.reshape(-1))  # blocking device->host copy (and upcast), see mps-facts.md
                 self._reduce_on(self.ring, op_id, work, raw, reducer, meta, wire)
-            if op == "avg":
+            if op == "avg" and not averaged:
                 work.div_(self.world)
             if not in_place:
                 tensor.copy_(work.view(tensor.shape))
@@ -177,6 +178,14 @@ class Collectives:
             out.copy_(blocks.view(out.shape))
         return out
 
+    def host_tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A zeroed flat host tensor that ``all_reduce`` reduces without copying it in or out
+        where this host's ranks share memory (``LocalGroup.shared_tensor``); a plain one
+        elsewhere. A collective: every rank calls it in the same order with the same size."""
+        if self.shared_memory and self.local is not None and numel > 0:
+            return self.local.shared_tensor(numel, dtype)
+        return torch.zeros(numel, dtype=dtype)
+
     def barrier(self) -> None:
         self.all_reduce(torch.zeros(1, dtype=torch.int32), "sum", name="barrier")
 
@@ -186,21 +195,24 @@ class Collectives:
 
     # -- algorithms -------------------------------------------------------------------------
     def _reduce_hierarchical(self, op_id: int, flat: torch.Tensor, work: torch.Tensor, raw: memoryview,
-                             op: str, meta: dict, wire: torch.dtype | None) -> None:
+                             op: str, meta: dict, wire: torch.dtype | None) -> bool:
         """Reduce inside the host through shared memory, across hosts on the leaders' ring, then
-        hand the result back inside the host. On one host only the first step runs."""
+        hand the result back inside the host. On one host only the first step runs, and an
+        average is divided there too, in the same pass; returns whether it was."""
         reducer = REDUCERS[op]
-        if self.local is not None:
-            self.local.all_reduce(flat, work, "sum" if op == "avg" else op)  # from the tensor (any device) into the slot
+        divide_by = self.world if op == "avg" and self.local is not None and self.local.size == self.world else 1
+        if self.local is not None:  # from the tensor (any device) into the slot
+            self.local.all_reduce(flat, work, "sum" if op == "avg" else op, divide_by)
         else:
             work.copy_(flat)
-        steps = ["shared memory"] if self.local is not None else []
+        steps = [] if self.local is None else ["shared memory, in place" if self.local.in_place else "shared memory"]
         if self.leaders is not None:
             self._reduce_on(self.leaders, op_id, work, raw, reducer, meta, wire)
             steps.append("hosts " + self.last_algorithm)
         if self.local is not None and self.local.size < self.world:
             self.local.broadcast_from_leader(work)
         self.last_algorithm = " + ".join(steps)
+        return divide_by != 1
 
     def _reduce_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
                    meta: dict, wire: torch.dtype | None = None) -> None:

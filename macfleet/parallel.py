@@ -30,7 +30,7 @@ from torch import nn
 
 from macfleet import runtime as rt
 from macfleet.backends import Device, HostEvent
-from macfleet.collectives import WIRE_DTYPES
+from macfleet.collectives import WIRE_DTYPES, WORK_DTYPE
 from macfleet.errors import ConfigError
 
 
@@ -106,8 +106,15 @@ class DataParallel(nn.Module):
                 offsets.append(total)
                 total += p.numel()
             first = group[0][1]
-            flat = torch.zeros(total, dtype=first.dtype, device=first.device)
-            host = None if first.device.type == "cpu" else self.runtime.device.host_buffer(total, first.dtype)
+            # Host memory that this host's ranks share where it is reduced as it is (float32,
+            # float64): all_reduce then neither copies it in nor out (macfleet.shm).
+            shared = rt.host_tensor(total, first.dtype) if first.dtype not in WORK_DTYPE else None
+            if first.device.type == "cpu":
+                flat = shared if shared is not None else torch.zeros(total, dtype=first.dtype)
+                host = None
+            else:
+                flat = torch.zeros(total, dtype=first.dtype, device=first.device)
+                host = self.runtime.device.host_buffer(total, first.dtype, shared)
             bucket = Bucket(index, [p for _, p in group], [n for n, _ in group], offsets, flat, host)
             for k, (_, p) in enumerate(group):
                 self._where[id(p)] = (bucket, k)

@@ -290,6 +290,16 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", name: str = "tensor", comp
     return rt.collectives.all_reduce(tensor, op, name, compression)
 
 
+def host_tensor(numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A zeroed flat CPU tensor that ``all_reduce`` reduces in place, with no copies in or out,
+    where this host's ranks share memory. Every rank must call it, in the same order and with the
+    same size (DataParallel's buckets live in such tensors)."""
+    rt = runtime()
+    if rt.collectives is None:
+        return torch.zeros(numel, dtype=dtype)
+    return rt.collectives.host_tensor(numel, dtype)
+
+
 def broadcast(tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch.Tensor:
     """Overwrite ``tensor`` on every rank with rank ``src``'s, in place, and return it."""
     rt = runtime()

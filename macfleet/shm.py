@@ -22,10 +22,11 @@ import mmap
 import os
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 
-from macfleet.errors import CollectiveTimeout
+from macfleet.errors import CollectiveTimeout, ConfigError
 from macfleet.transport import Liveness
 
 ALIGN = 64
@@ -34,7 +35,20 @@ SPIN_S = 0.002  # wait this long yielding only the GIL, then sleep between looks
 PAUSE_S = 0.0002
 CHECK_S = 0.1  # how often a wait looks at the abort flag and the deadline
 
+# A rank's control line: its barrier count, then what it brings to the all-reduce in progress
+# (the shared tensor's key, 0 for none, and its length), read by the others after a barrier.
+COUNT, KEY, NUMEL = 0, 1, 2
+
 _ordering = threading.Lock()
+
+
+@dataclass
+class SharedTensor:
+    """One allocation of ``shared_tensor``: row ``i`` is local rank ``i``'s tensor."""
+
+    key: int  # allocation number, the same on every local rank
+    rows: torch.Tensor  # [size, numel], rows in one mapping that every local rank has
+    mapping: mmap.mmap
 
 
 def _fence() -> None:
@@ -59,6 +73,10 @@ class LocalGroup:
         self.path = os.path.join(directory, f"shm-{job_id}-{base}")
         self._generation = 0
         self._round = 0
+        self._shared: dict[int, SharedTensor] = {}  # by the data_ptr of this rank's row
+        self._allocated = 0  # shared tensors so far: the same count on every local rank
+        self._scratch = torch.empty(0)
+        self.in_place = False  # whether the last all_reduce reduced shared tensors where they are
         # the barrier counters first: one 64-byte line each, so no two ranks write to one line
         self._control = -(-size * ALIGN // PAGE) * PAGE
         self._total = self._control + 2 * (size + 1) * self.slot_bytes  # two buffers of: a slot per rank + result
@@ -90,10 +108,10 @@ class LocalGroup:
         self._generation += 1
         gen, counters, stride = self._generation, self._counters, ALIGN // 8
         _fence()  # what we wrote before, then the counter
-        counters[self.index * stride] = gen
+        counters[self.index * stride + COUNT] = gen
         started = time.monotonic()
         next_check = started + CHECK_S
-        while any(counters[i * stride] < gen for i in range(self.size)):
+        while any(counters[i * stride + COUNT] < gen for i in range(self.size)):
             now = time.monotonic()
             if now - started < SPIN_S:
                 os.sched_yield()  # and the GIL: other threads (autograd hooks) may run between looks
@@ -103,7 +121,7 @@ class LocalGroup:
                 next_check = now + CHECK_S
                 self.liveness.check()
                 if now - started > self.timeout_s:
-                    late = [i for i in range(self.size) if counters[i * stride] < gen]
+                    late = [i for i in range(self.size) if counters[i * stride + COUNT] < gen]
                     raise CollectiveTimeout(
                         f"local rank {self.index}: local ranks {late} of this host did not reach a barrier "
                         f"within {self.timeout_s:.0f} s")
@@ -122,15 +140,28 @@ class LocalGroup:
         start = buffer * (self.size + 1) * self.slot_bytes
         return self.raw[start: start + self.size * self.slot_bytes].view(dtype).view(self.size, -1)
 
-    def all_reduce(self, src: torch.Tensor, out: torch.Tensor, op: str) -> None:
+    def all_reduce(self, src: torch.Tensor, out: torch.Tensor, op: str, divide_by: int = 1) -> None:
         """``out`` = reduction (``sum``, ``max``, ``min``) over this host's ranks of ``src`` (flat
-        tensors; ``out`` may be ``src``). ``src`` may be on a device: it is copied (blocking)
-        straight into this rank's slot.
+        tensors; ``out`` may be ``src``), divided by ``divide_by`` (for an average, in the same
+        pass). ``src`` may be on a device: it is copied (blocking) straight into this rank's slot.
 
-        Rounds of one slot each are pipelined over the two buffers with one barrier per round:
-        barrier t means every rank has copied in round t, reduced its share of round t-1 and
-        copied out round t-2, so after it a rank may reduce round t, copy out round t-1 and
+        When every rank brings the same ``shared_tensor`` (``out`` is ``src``), the ranks reduce
+        straight from each other's tensors and write the result into all of them: two passes
+        over the memory instead of five, and two barriers. Otherwise the tensors go through the
+        slots, in rounds of one slot each, pipelined over the two buffers with one barrier per
+        round: barrier t means every rank has copied in round t, reduced its share of round t-1
+        and copied out round t-2, so after it a rank may reduce round t, copy out round t-1 and
         copy in round t+1 (into the buffer round t-1 used, which nobody reads any more)."""
+        shared = self._shared.get(out.data_ptr()) if src.data_ptr() == out.data_ptr() else None
+        if shared is not None and shared.rows.shape[1] != out.numel():
+            shared = None  # a slice of a shared tensor: the others' rows do not line up with it
+        self.in_place = bool(self._allocated) and self._agree_on(shared)
+        if self.in_place:
+            assert shared is not None
+            self._reduce_rows(shared.rows, shared.rows, split_evenly(out.numel(), self.size)[self.index], op,
+                              divide_by)
+            self.barrier()  # every share of every row is final
+            return
         per_round = self.slot_bytes // out.dtype.itemsize
         rounds = [(start, min(start + per_round, src.numel())) for start in range(0, src.numel(), per_round)]
         first = self._round
@@ -138,13 +169,57 @@ class LocalGroup:
         self._copy_in(first, src, out.dtype, rounds[0])
         for t, (start, stop) in enumerate(rounds):
             self.barrier()
-            self._reduce_share(first + t, out.dtype, stop - start, op)
+            self._reduce_share(first + t, out.dtype, stop - start, op, divide_by)
             if t > 0:
                 self._copy_out(first + t - 1, out, rounds[t - 1])
             if t + 1 < len(rounds):
                 self._copy_in(first + t + 1, src, out.dtype, rounds[t + 1])
         self.barrier()  # the last round's result is complete
         self._copy_out(first + len(rounds) - 1, out, rounds[-1])
+
+    def _agree_on(self, shared: SharedTensor | None) -> bool:
+        """Publish which shared tensor (if any) this rank brings, and return whether every rank
+        brings the same one: all ranks read the same lines after the barrier, so all decide
+        alike. (Until a shared tensor exists anywhere, no rank can bring one: no barrier then.)"""
+        assert self._counters is not None
+        line = self.index * (ALIGN // 8)
+        self._counters[line + KEY] = shared.key if shared is not None else 0
+        self._counters[line + NUMEL] = shared.rows.shape[1] if shared is not None else 0
+        self.barrier()
+        mine = (self._counters[line + KEY], self._counters[line + NUMEL])
+        return mine[0] != 0 and all(
+            (self._counters[i * (ALIGN // 8) + KEY], self._counters[i * (ALIGN // 8) + NUMEL]) == mine
+            for i in range(self.size))
+
+    def shared_tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A zeroed flat tensor in memory that every rank of this host maps, so that an
+        ``all_reduce`` of it copies nothing in or out. A collective: every local rank calls it
+        in the same order with the same ``numel`` and ``dtype``. The memory stays mapped until
+        the group is closed (the file is unlinked at once, so a crash frees it too)."""
+        if numel < 1:
+            raise ConfigError(f"a shared tensor needs at least one element, not {numel}")
+        self._allocated += 1
+        key = self._allocated
+        row = -(-numel * dtype.itemsize // PAGE) * PAGE  # rows of whole pages: no line is written by two ranks
+        path = f"{self.path}-t{key}"
+        if self.index == 0:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            os.ftruncate(fd, row * self.size)
+        self.barrier()  # the file exists
+        if self.index != 0:
+            fd = os.open(path, os.O_RDWR)
+        try:
+            mapping = mmap.mmap(fd, row * self.size)
+        finally:
+            os.close(fd)
+        self.barrier()  # everyone has mapped it
+        if self.index == 0:
+            os.unlink(path)
+        rows = torch.frombuffer(mapping, dtype=torch.uint8).view(self.size, row)[:, :numel * dtype.itemsize]
+        shared = SharedTensor(key, rows.view(dtype), mapping)
+        mine = shared.rows[self.index]
+        self._shared[mine.data_ptr()] = shared
+        return mine
 
     def _copy_in(self, round_: int, src: torch.Tensor, dtype: torch.dtype, span: tuple[int, int]) -> None:
         start, stop = span  # the slot holds the working dtype (half precision is reduced in float32)
@@ -154,22 +229,40 @@ class LocalGroup:
         start, stop = span
         out[start:stop].copy_(self.slot(round_ % 2, self.size, out.dtype, stop - start))
 
-    def _reduce_share(self, round_: int, dtype: torch.dtype, n: int, op: str) -> None:
-        """Reduce this rank's share of the round's elements across every slot, in one pass."""
+    def _reduce_share(self, round_: int, dtype: torch.dtype, n: int, op: str, divide_by: int) -> None:
+        """Reduce this rank's share of the round's elements across every slot into the result slot."""
         buf = round_ % 2
-        a, b = split_evenly(n, self.size)[self.index]
-        if b <= a:
-            return
-        inputs = self.slots(buf, dtype)[:, a:b]
-        result = self.slot(buf, self.size, dtype, n)[a:b]
-        if op == "sum" and self.size == 2:  # measured: one add beats a two-row strided sum
-            torch.add(inputs[0], inputs[1], out=result)
-        elif op == "max":
-            torch.amax(inputs, dim=0, out=result)
-        elif op == "min":
-            torch.amin(inputs, dim=0, out=result)
-        else:
-            torch.sum(inputs, dim=0, dtype=dtype, out=result)
+        result = self.slot(buf, self.size, dtype, n)
+        self._reduce_rows(self.slots(buf, dtype)[:, :n], result.unsqueeze(0), split_evenly(n, self.size)[self.index],
+                          op, divide_by)
+
+    def _reduce_rows(self, inputs: torch.Tensor, outputs: torch.Tensor, share: tuple[int, int], op: str,
+                     divide_by: int) -> None:
+        """Columns ``share`` of ``inputs`` ([size, n]) reduced over the rows, then written into
+        every row of ``outputs`` ([rows, n]). Pieces of one slot keep the partial result in cache."""
+        a, b = share
+        step = max(1, self.slot_bytes // inputs.element_size())
+        for start in range(a, b, step):
+            stop = min(start + step, b)
+            rows = inputs[:, start:stop]
+            if outputs.shape[0] == 1:
+                result = outputs[0, start:stop]
+            else:  # results go to several rows: reduce into scratch first
+                if self._scratch.numel() < stop - start or self._scratch.dtype != inputs.dtype:
+                    self._scratch = torch.empty(step, dtype=inputs.dtype)
+                result = self._scratch[: stop - start]
+            if op == "sum" and self.size == 2:  # measured: one add beats a two-row strided sum
+                torch.add(rows[0], rows[1], out=result)
+            elif op == "max":
+                torch.amax(rows, dim=0, out=result)
+            elif op == "min":
+                torch.amin(rows, dim=0, out=result)
+            else:
+                torch.sum(rows, dim=0, dtype=inputs.dtype, out=result)
+            if divide_by != 1:
+                result.div_(divide_by)
+            if outputs.shape[0] > 1:
+                outputs[:, start:stop].copy_(result.expand(outputs.shape[0], -1))
 
     def broadcast_from_leader(self, data: torch.Tensor) -> None:
         """The leader's ``data`` to every rank of this host (``data`` is overwritten on the others)."""
@@ -186,6 +279,12 @@ class LocalGroup:
 
     def close(self) -> None:
         self.raw = None
+        for shared in self._shared.values():
+            try:
+                shared.mapping.close()
+            except BufferError:
+                pass  # a tensor view is still alive; the mapping goes with the process
+        self._shared.clear()
         if self._counters is not None:
             self._counters.release()
             self._counters = None

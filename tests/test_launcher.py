@@ -114,6 +114,18 @@ def test_bench_allreduce_prints_both_libraries_side_by_side(tmp_path) -> None:
         assert line.split()[-1] == f"{gloo / ours:.2f}x", line
 
 
+def test_bench_allreduce_reduces_shared_tensors_in_place(tmp_path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "bench", "allreduce", "--nproc", "3", "--sizes",
+                           "4K,1M", "--budget", "0.05", "--shared-tensors", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # every result was checked against the exact sum
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["bytes"], r["algorithm"]) for r in rows if r["library"] == "macfleet"} == {
+        (4096, "shared memory, in place"), (1 << 20, "shared memory, in place")}
+    assert "tensors in shared memory" in proc.stdout
+
+
 def test_a_missing_script_is_a_one_line_error(tmp_path) -> None:
     job = run_launch("--nproc", "2", str(tmp_path / "nope.py"))
     assert job.code == 2

@@ -72,3 +72,36 @@ def test_an_abort_ends_a_barrier_wait(tmp_path) -> None:
         assert time.monotonic() - started < 5
     finally:
         close_all(groups)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_shared_tensors_are_reduced_where_they_are(tmp_path, size: int) -> None:
+    groups = make_groups(tmp_path, size, slot_bytes=256)  # pieces of 64 floats: 1000 elements take many
+    try:
+        with ThreadPoolExecutor(size) as pool:
+            tensors = list(pool.map(lambda g: g.shared_tensor(1000, torch.float32), groups))
+        assert os.listdir(tmp_path) == []  # unlinked once everyone mapped it
+        assert all(torch.equal(t, torch.zeros(1000)) for t in tensors)
+        inputs = [torch.randint(-50, 50, (1000,)).float() for _ in range(size)]
+        cases = (("sum", size, torch.stack(inputs).sum(0) / size), ("max", 1, torch.stack(inputs).amax(0)))
+        for op, divide_by, want in cases:
+            for t, x in zip(tensors, inputs, strict=True):
+                t.copy_(x)
+            with ThreadPoolExecutor(size) as pool:
+                list(pool.map(lambda i, op=op, d=divide_by: groups[i].all_reduce(tensors[i], tensors[i], op, d),
+                              range(size)))
+            assert all(g.in_place for g in groups)
+            for t in tensors:
+                assert torch.equal(t, want), op
+        # one rank brings a private tensor: nobody reduces in place, and the result is still exact
+        private = inputs[0].clone()
+        for t, x in zip(tensors[1:], inputs[1:], strict=True):
+            t.copy_(x)
+        brought = [private, *tensors[1:]]
+        with ThreadPoolExecutor(size) as pool:
+            list(pool.map(lambda i: groups[i].all_reduce(brought[i], brought[i], "sum"), range(size)))
+        assert not any(g.in_place for g in groups)
+        for t in brought:
+            assert torch.equal(t, torch.stack(inputs).sum(0))
+    finally:
+        close_all(groups)

@@ -2,6 +2,8 @@
 
 Both run in the same processes, on the same tensors and sizes, one after the other; every
 result of both is checked against the exact sum. Rank 0 reports a row per (size, library).
+With ``--shared-tensors`` the tensors are ``macfleet.host_tensor`` allocations (memory this
+host's ranks share, as DataParallel's buckets are), which gloo reduces like any other.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import macfleet
-from macfleet.runtime import report, runtime
+from macfleet.runtime import host_tensor, report, runtime
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -51,6 +53,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per size and library")
     parser.add_argument("--no-gloo", action="store_true")
+    parser.add_argument("--shared-tensors", action="store_true")
     args = parser.parse_args()
     macfleet.init(device="cpu")
     rank, world = macfleet.rank(), macfleet.world_size()
@@ -65,19 +68,20 @@ def main() -> None:
         libraries = [("macfleet", lambda t: macfleet.all_reduce(t))]
         if not args.no_gloo:
             libraries.append(("gloo", lambda t: dist.all_reduce(t)))
+        # one tensor per size, refilled before each use
+        tensor = host_tensor(numel, dtype) if args.shared_tensors else torch.empty(numel, dtype=dtype)
         for name, fn in libraries:
-            check = base + rank
+            check = tensor.copy_(base + rank)
             fn(check)
             if not torch.equal(check, expected):
                 raise SystemExit(f"{name} all_reduce of {size} bytes gave a wrong result")
             algorithm = runtime().collectives.last_algorithm if name == "macfleet" else "gloo default"
-            tensor = base + rank
-            seconds, calls = timed(fn, tensor, args.budget)
+            seconds, calls = timed(fn, tensor.copy_(base + rank), args.budget)
             rows.append({"library": name, "bytes": numel * dtype.itemsize, "seconds": seconds, "calls": calls,
                          "algorithm": algorithm, "busbw_gbs": 2 * (world - 1) / world * numel * dtype.itemsize
                          / seconds / 1e9})
     if rank == 0:
-        report({"world": world, "dtype": args.dtype, "rows": rows,
+        report({"world": world, "dtype": args.dtype, "rows": rows, "shared_tensors": args.shared_tensors,
                 "streams": os.environ.get("MACFLEET_STREAMS", "auto"), "shm": os.environ.get("MACFLEET_SHM", "1")})
     macfleet.barrier()
     if not args.no_gloo:

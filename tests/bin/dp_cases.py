@@ -7,12 +7,14 @@ opposite orders), ``no_sync`` (two micro-batches per step), ``unused`` / ``unuse
 (BatchNorm statistics broadcast from rank 0). Rank 0 saves its parameters to OUT.
 """
 
+import os
 import sys
 
 import torch
 from torch import nn
 
 import macfleet
+from macfleet.runtime import runtime
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import oracle  # noqa: E402
@@ -97,6 +99,9 @@ def main():
         else:
             nn.functional.cross_entropy(model(xs), ys).backward()
         opt.step()
+    if world > 1 and case != "buffers" and os.environ.get("MACFLEET_SHM") != "0":
+        # one host's ranks keep their buckets in memory they share and reduce them where they are
+        assert runtime().collectives.last_algorithm == "shared memory, in place"
     if case == "buffers":  # the same input everywhere after rank 0's buffers arrive: identical buffers
         model(x)
         mean = model.module.net[1].running_mean
