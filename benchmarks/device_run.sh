@@ -17,6 +17,7 @@ nproc; lscpu | grep -E "Model name|L3|NUMA node\(s\)"; python3 -c "import torch;
 if [ "$part" = allreduce ] || [ "$part" = all ]; then
   for n in 2 4 8; do
     mf bench allreduce --nproc $n --sizes 4K,1M,16M,64M,256M --budget 1 --json $OUT/allreduce_shm_$n.json
+    mf bench allreduce --nproc $n --sizes 4K,1M,16M,64M,256M --budget 1 --shared-tensors --json $OUT/allreduce_shared_$n.json
     MACFLEET_SHM=0 mf bench allreduce --nproc $n --sizes 4K,1M,16M,64M,256M --budget 1 --json $OUT/allreduce_tcp_$n.json
     MACFLEET_SHM=0 MACFLEET_STREAMS=2 mf bench allreduce --nproc $n --sizes 16M,64M,256M --budget 1 --json $OUT/allreduce_tcp_${n}_streams2.json
   done

@@ -82,7 +82,7 @@ class LocalGroup:
         self._total = self._control + 2 * (size + 1) * self.slot_bytes  # two buffers of: a slot per rank + result
         if index == 0:  # before rendezvous, so the others find it when they attach
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            os.ftruncate(fd, self._total)  # zero-filled: every counter starts at 0
+            _reserve(fd, self.path, self._total)  # zero-filled: every counter starts at 0
         else:
             fd = -1
         self._fd = fd
@@ -204,7 +204,7 @@ class LocalGroup:
         path = f"{self.path}-t{key}"
         if self.index == 0:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            os.ftruncate(fd, row * self.size)
+            _reserve(fd, path, row * self.size)
         self.barrier()  # the file exists
         if self.index != 0:
             fd = os.open(path, os.O_RDWR)
@@ -295,6 +295,22 @@ class LocalGroup:
                 pass  # a tensor view is still alive; the mapping goes with the process
         if self.index == 0 and os.path.exists(self.path):
             os.unlink(self.path)
+
+
+def _reserve(fd: int, path: str, nbytes: int) -> None:
+    """Size the file, and where the system can, claim its memory now: a file that outgrows a
+    full /dev/shm (docker's default is 64 MiB) would otherwise kill the first rank that touches
+    the missing page with SIGBUS, mid-collective. The file is removed if there is no room."""
+    try:
+        os.ftruncate(fd, nbytes)
+        if hasattr(os, "posix_fallocate"):  # Linux; macOS has no /dev/shm and backs the file by disk
+            os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        os.close(fd)
+        os.unlink(path)
+        raise ConfigError(
+            f"shared memory: no room for {nbytes / 2**20:.0f} MiB in {os.path.dirname(path)} ({exc.strerror}); "
+            f"make it larger (docker run --shm-size) or set MACFLEET_SHM=0 to exchange over sockets only") from None
 
 
 def default_slot_bytes(ranks: int) -> int:

@@ -7,13 +7,14 @@ test_faults; these tests pin down the barrier's own guarantees quickly.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
-from macfleet.errors import CollectiveTimeout, JobAborted
+from macfleet.errors import CollectiveTimeout, ConfigError, JobAborted
 from macfleet.shm import LocalGroup
 from macfleet.transport import Liveness
 
@@ -105,3 +106,32 @@ def test_shared_tensors_are_reduced_where_they_are(tmp_path, size: int) -> None:
             assert torch.equal(t, torch.stack(inputs).sum(0))
     finally:
         close_all(groups)
+
+
+def test_too_little_shared_memory_is_a_clear_error_not_a_crash(tmp_path) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:  # a /dev/shm of 256 KiB: two buffers of (2 ranks + result) x 64 KiB slots fit, 1 MiB slots do not
+        with pytest.raises(ConfigError, match=r"no room for 6 MiB .*MACFLEET_SHM=0"):
+            LocalGroup(str(small), "job", 0, 2, 0, 1 << 20, Liveness(), 10.0)
+        assert os.listdir(small) == []
+        groups = make_groups(small, 2, slot_bytes=16 << 10, timeout_s=1.0)
+        try:
+            with ThreadPoolExecutor(2) as pool:
+                failures = list(pool.map(lambda g: _raises(lambda: g.shared_tensor(1 << 20, torch.float32)), groups))
+            assert isinstance(failures[0], ConfigError) and "no room for 8 MiB" in str(failures[0])
+            assert isinstance(failures[1], CollectiveTimeout)  # in a job, rank 0's exit aborts it at once
+        finally:
+            close_all(groups)
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def _raises(fn) -> BaseException | None:
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        return exc
+    return None
