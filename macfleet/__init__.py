@@ -41,14 +41,15 @@ _LAZY = {
     "broadcast": "macfleet.runtime",
     "all_gather": "macfleet.runtime",
     "barrier": "macfleet.runtime",
+    "host_tensor": "macfleet.runtime",
     "DataParallel": "macfleet.parallel",
     "DistributedSampler": "macfleet.sampler",
 }
 
 if TYPE_CHECKING:
     from macfleet.parallel import DataParallel
-    from macfleet.runtime import (all_gather, all_reduce, barrier, broadcast, device, init, local_rank, rank,
-                                  shutdown, world_size)
+    from macfleet.runtime import (all_gather, all_reduce, barrier, broadcast, device, host_tensor, init, local_rank,
+                                  rank, shutdown, world_size)
     from macfleet.sampler import DistributedSampler
 
 

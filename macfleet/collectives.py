@@ -183,7 +183,8 @@ class Collectives:
         where this host's ranks share memory (``LocalGroup.shared_tensor``); a plain one
         elsewhere. A collective: every rank calls it in the same order with the same size."""
         if self.shared_memory and self.local is not None and numel > 0:
-            return self.local.shared_tensor(numel, dtype)
+            with self._lock:  # its barriers must not interleave with a collective on another thread
+                return self.local.shared_tensor(numel, dtype)
         return torch.zeros(numel, dtype=dtype)
 
     def barrier(self) -> None:

@@ -30,7 +30,7 @@ def cases(draw: st.DrawFn) -> dict:
     ops = ["sum", "avg", "max", "min"] if dtype in FLOATS else ["sum", "max", "min"]
     return {
         "kind": kind, "dtype": dtype, "numel": draw(SIZES), "seed": draw(st.integers(0, 10**6)),
-        "op": draw(st.sampled_from(ops)), "src": draw(st.integers(0, 7)),
+        "op": draw(st.sampled_from(ops)), "src": draw(st.integers(0, 7)), "shared": draw(st.booleans()),
     }
 
 

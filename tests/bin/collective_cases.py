@@ -1,6 +1,7 @@
 """Run collective cases from a JSON file and check each against an independent computation.
 
-Every rank can rebuild every rank's input from the case seed, so the expected result is
+A case with ``shared`` puts its input in ``macfleet.host_tensor`` memory (reduced in place
+where the ranks share memory). Every rank can rebuild every rank's input from the case seed, so the expected result is
 computed here in float64/int64 with plain torch, not with macfleet. Writes
 ``OUT/rank-R.json`` with the failures found (an empty list when all cases are exact).
 """
@@ -43,6 +44,8 @@ def expected(case, world):
 
 def run(case, rank, world):
     t = make_input(case, rank)
+    if case.get("shared"):  # every rank allocates it, in the same order: a collective
+        t = macfleet.host_tensor(t.numel(), t.dtype).copy_(t)
     if case["kind"] == "all_reduce":
         got = macfleet.all_reduce(t, case["op"])
     elif case["kind"] == "broadcast":
