@@ -22,6 +22,7 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -194,8 +195,9 @@ class LocalGroup:
     def shared_tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A zeroed flat tensor in memory that every rank of this host maps, so that an
         ``all_reduce`` of it copies nothing in or out. A collective: every local rank calls it
-        in the same order with the same ``numel`` and ``dtype``. The memory stays mapped until
-        the group is closed (the file is unlinked at once, so a crash frees it too)."""
+        in the same order with the same ``numel`` and ``dtype``. The memory is unmapped when the
+        returned tensor and every view of it are gone (the file is unlinked at once, so a crash
+        frees it too)."""
         if numel < 1:
             raise ConfigError(f"a shared tensor needs at least one element, not {numel}")
         self._allocated += 1
@@ -219,6 +221,8 @@ class LocalGroup:
         shared = SharedTensor(key, rows.view(dtype), mapping)
         mine = shared.rows[self.index]
         self._shared[mine.data_ptr()] = shared
+        # Once the caller drops it, forget it; the mapping then goes with the last view of it.
+        weakref.finalize(mine, self._shared.pop, mine.data_ptr(), None)
         return mine
 
     def _copy_in(self, round_: int, src: torch.Tensor, dtype: torch.dtype, span: tuple[int, int]) -> None:
@@ -279,7 +283,7 @@ class LocalGroup:
 
     def close(self) -> None:
         self.raw = None
-        for shared in self._shared.values():
+        for shared in list(self._shared.values()):
             try:
                 shared.mapping.close()
             except BufferError:

@@ -6,6 +6,7 @@ test_faults; these tests pin down the barrier's own guarantees quickly.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import time
@@ -135,3 +136,23 @@ def _raises(fn) -> BaseException | None:
     except BaseException as exc:  # noqa: BLE001 - the test inspects it
         return exc
     return None
+
+
+def test_a_shared_tensor_is_unmapped_once_nothing_uses_it(tmp_path) -> None:
+    groups = make_groups(tmp_path, 2)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            tensors = list(pool.map(lambda g: g.shared_tensor(4096, torch.float32), groups))
+        mapped = [line for line in open("/proc/self/maps") if "shm-job-0-t1" in line]
+        assert mapped  # both "ranks" (threads of this process) map it
+        grad = tensors[0][:10]  # a view outlives the tensor it came from, as a parameter's .grad does
+        del tensors
+        gc.collect()
+        assert all(g._shared == {} for g in groups)
+        grad.add_(1)  # still mapped while a view lives
+        assert [line for line in open("/proc/self/maps") if "shm-job-0-t1" in line]
+        del grad
+        gc.collect()
+        assert not [line for line in open("/proc/self/maps") if "shm-job-0-t1" in line]
+    finally:
+        close_all(groups)
