@@ -15,6 +15,7 @@ exercised without a Mac.
 from __future__ import annotations
 
 import random
+import weakref
 from typing import Any, Protocol
 
 import torch
@@ -136,7 +137,10 @@ class CudaDevice(Device):
             return torch.zeros(numel, dtype=dtype, pin_memory=True)  # DMA-able: copies run at full PCIe speed
         # Page-lock memory we did not allocate (shared memory), so copies to it are DMA and stay
         # asynchronous; if the driver refuses, copies still work, staged through the driver.
+        # Unlocked again when the tensor goes; the finalizer holds a view, so the memory stays
+        # mapped until then.
         torch.cuda.cudart().cudaHostRegister(memory.data_ptr(), memory.numel() * memory.element_size(), 0)
+        weakref.finalize(memory, _unregister, memory.view(-1))
         return memory
 
     def to_host(self, src: torch.Tensor, dst: torch.Tensor, ready: HostEvent) -> HostEvent:
@@ -154,6 +158,10 @@ class CudaDevice(Device):
 
     def staged(self) -> None:
         torch.cuda.current_stream(self.index).wait_stream(self._side_stream())
+
+
+def _unregister(memory: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(memory.data_ptr())
 
 
 class MpsDevice(Device):

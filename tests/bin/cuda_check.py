@@ -4,6 +4,7 @@ Checks on every rank, printing one line of JSON: collectives on CUDA tensors (ex
 DataParallel oracle on CUDA against a CPU run of the whole batch, and the memory fraction.
 """
 
+import gc
 import json
 import sys
 
@@ -26,23 +27,28 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
 b = torch.full((7,), float(rank), device=dev)
 macfleet.broadcast(b, 1 % world)
 out["broadcast"] = bool((b.cpu() == 1 % world).all())
-# the training oracle on the GPU
-model = macfleet.DataParallel(oracle.make_model().to(dev))
-opt = oracle.make_optimizer(model)
+# the training oracle on the GPU: the whole model in one bucket, then a bucket per parameter
+# (the communication thread), the first wrapper freed before the second is built
 x, y = oracle.make_batch()
-shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
-for _ in range(6):
-    opt.zero_grad()
-    nn.functional.cross_entropy(model(x[shard].to(dev)), y[shard].to(dev)).backward()
-    opt.step()
 ref = oracle.make_model()
 ref_opt = oracle.make_optimizer(ref)
 for _ in range(6):
     ref_opt.zero_grad()
     nn.functional.cross_entropy(ref(x), y).backward()
     ref_opt.step()
-out["oracle_max_diff"] = max((p.detach().cpu() - q.detach()).abs().max().item()
-                             for p, q in zip(model.module.parameters(), ref.parameters()))
+shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
+for label, options in (("one_bucket", {}), ("many_buckets", {"bucket_cap_mb": 1e-4, "first_bucket_mb": 1e-4})):
+    model = macfleet.DataParallel(oracle.make_model().to(dev), **options)
+    opt = oracle.make_optimizer(model)
+    for _ in range(6):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x[shard].to(dev)), y[shard].to(dev)).backward()
+        opt.step()
+    out[f"oracle_max_diff_{label}"] = max((p.detach().cpu() - q.detach()).abs().max().item()
+                                          for p, q in zip(model.module.parameters(), ref.parameters(), strict=True))
+    out[f"buckets_{label}"] = len(model.buckets)
+    del model, opt
+    gc.collect()  # its staging memory is unlocked and unmapped before the next wrapper's
 # memory fraction: asking for more than this process's share must fail
 total = torch.cuda.get_device_properties(dev).total_memory
 out["memory_fraction_env"] = float(__import__("os").environ.get("MACFLEET_MEMORY_FRACTION", "0"))
