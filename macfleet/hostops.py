@@ -38,11 +38,14 @@ def _openmp_setter() -> Callable[[int], object] | None:
     """``omp_set_num_threads`` of the OpenMP runtime torch itself loaded, or None."""
     if not torch.backends.openmp.is_available():
         return None
+    torch_lib = Path(torch.__file__).parent / "lib"
     if sys.platform.startswith("linux"):  # the copy that is mapped: a second copy would be a second runtime
         with open("/proc/self/maps") as maps:
             paths = sorted({line.split()[-1] for line in maps if "omp" in line.rsplit("/", 1)[-1]})
+        # torch's own copy first: another package (scikit-learn, say) may have mapped one of its own
+        paths.sort(key=lambda path: not path.startswith(str(torch_lib)))
     else:  # macOS wheels carry theirs next to libtorch
-        paths = sorted(str(p) for p in (Path(torch.__file__).parent / "lib").glob("*omp*"))
+        paths = sorted(str(p) for p in torch_lib.glob("*omp*"))
     for path in paths:
         try:
             return ctypes.CDLL(path).omp_set_num_threads
