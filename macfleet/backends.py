@@ -140,7 +140,7 @@ class CudaDevice(Device):
         # Unlocked again when the tensor goes; the finalizer holds a view, so the memory stays
         # mapped until then.
         torch.cuda.cudart().cudaHostRegister(memory.data_ptr(), memory.numel() * memory.element_size(), 0)
-        weakref.finalize(memory, _unregister, memory.view(-1))
+        weakref.finalize(memory, _unregister, memory.view(-1)).atexit = False  # at exit the driver cleans up
         return memory
 
     def to_host(self, src: torch.Tensor, dst: torch.Tensor, ready: HostEvent) -> HostEvent:

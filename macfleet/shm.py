@@ -222,7 +222,7 @@ class LocalGroup:
         mine = shared.rows[self.index]
         self._shared[mine.data_ptr()] = shared
         # Once the caller drops it, forget it; the mapping then goes with the last view of it.
-        weakref.finalize(mine, self._shared.pop, mine.data_ptr(), None)
+        weakref.finalize(mine, self._shared.pop, mine.data_ptr(), None).atexit = False
         return mine
 
     def _copy_in(self, round_: int, src: torch.Tensor, dtype: torch.dtype, span: tuple[int, int]) -> None:
