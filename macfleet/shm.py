@@ -39,6 +39,7 @@ CHECK_S = 0.1  # how often a wait looks at the abort flag and the deadline
 # A rank's control line: its barrier count, then what it brings to the all-reduce in progress
 # (the shared tensor's key, 0 for none, and its length), read by the others after a barrier.
 COUNT, KEY, NUMEL = 0, 1, 2
+LINE = ALIGN // 8  # words of one control line
 
 _ordering = threading.Lock()
 
@@ -82,8 +83,7 @@ class LocalGroup:
         self._control = -(-size * ALIGN // PAGE) * PAGE
         self._total = self._control + 2 * (size + 1) * self.slot_bytes  # two buffers of: a slot per rank + result
         if index == 0:  # before rendezvous, so the others find it when they attach
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            _reserve(fd, self.path, self._total)  # zero-filled: every counter starts at 0
+            fd = _create(self.path, self._total)  # zero-filled: every counter starts at 0
         else:
             fd = -1
         self._fd = fd
@@ -93,10 +93,7 @@ class LocalGroup:
 
     def attach(self) -> None:
         """Map the segment (every rank has registered, so the leader has created it)."""
-        if self._fd < 0:
-            self._fd = os.open(self.path, os.O_RDWR)
-        self._mmap = mmap.mmap(self._fd, self._total)
-        os.close(self._fd)
+        self._mmap = _map(self._fd if self._fd >= 0 else os.open(self.path, os.O_RDWR), self._total)
         self._counters = memoryview(self._mmap)[:self._control].cast("q")
         self.raw = torch.frombuffer(self._mmap, dtype=torch.uint8, offset=self._control)
         self.barrier()
@@ -107,7 +104,7 @@ class LocalGroup:
     def barrier(self) -> None:
         assert self._counters is not None
         self._generation += 1
-        gen, counters, stride = self._generation, self._counters, ALIGN // 8
+        gen, counters, stride = self._generation, self._counters, LINE
         _fence()  # what we wrote before, then the counter
         counters[self.index * stride + COUNT] = gen
         started = time.monotonic()
@@ -183,14 +180,13 @@ class LocalGroup:
         brings the same one: all ranks read the same lines after the barrier, so all decide
         alike. (Until a shared tensor exists anywhere, no rank can bring one: no barrier then.)"""
         assert self._counters is not None
-        line = self.index * (ALIGN // 8)
-        self._counters[line + KEY] = shared.key if shared is not None else 0
-        self._counters[line + NUMEL] = shared.rows.shape[1] if shared is not None else 0
+        counters, line = self._counters, self.index * LINE
+        counters[line + KEY] = shared.key if shared is not None else 0
+        counters[line + NUMEL] = shared.rows.shape[1] if shared is not None else 0
         self.barrier()
-        mine = (self._counters[line + KEY], self._counters[line + NUMEL])
-        return mine[0] != 0 and all(
-            (self._counters[i * (ALIGN // 8) + KEY], self._counters[i * (ALIGN // 8) + NUMEL]) == mine
-            for i in range(self.size))
+        mine = (counters[line + KEY], counters[line + NUMEL])
+        return mine[0] != 0 and all((counters[i * LINE + KEY], counters[i * LINE + NUMEL]) == mine
+                                    for i in range(self.size))
 
     def shared_tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A zeroed flat tensor in memory that every rank of this host maps, so that an
@@ -205,15 +201,9 @@ class LocalGroup:
         row = -(-numel * dtype.itemsize // PAGE) * PAGE  # rows of whole pages: no line is written by two ranks
         path = f"{self.path}-t{key}"
         if self.index == 0:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            _reserve(fd, path, row * self.size)
+            fd = _create(path, row * self.size)
         self.barrier()  # the file exists
-        if self.index != 0:
-            fd = os.open(path, os.O_RDWR)
-        try:
-            mapping = mmap.mmap(fd, row * self.size)
-        finally:
-            os.close(fd)
+        mapping = _map(fd if self.index == 0 else os.open(path, os.O_RDWR), row * self.size)
         self.barrier()  # everyone has mapped it
         if self.index == 0:
             os.unlink(path)
@@ -301,10 +291,12 @@ class LocalGroup:
             os.unlink(self.path)
 
 
-def _reserve(fd: int, path: str, nbytes: int) -> None:
-    """Size the file, and where the system can, claim its memory now: a file that outgrows a
-    full /dev/shm (docker's default is 64 MiB) would otherwise kill the first rank that touches
-    the missing page with SIGBUS, mid-collective. The file is removed if there is no room."""
+def _create(path: str, nbytes: int) -> int:
+    """Create the file (it must not exist), size it and, where the system can, claim its memory
+    now: a file that outgrows a full /dev/shm (docker's default is 64 MiB) would otherwise kill
+    the first rank that touches the missing page with SIGBUS, mid-collective. The file is
+    removed if there is no room. Returns the open descriptor."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, nbytes)
         if hasattr(os, "posix_fallocate"):  # Linux; macOS has no /dev/shm and backs the file by disk
@@ -315,6 +307,15 @@ def _reserve(fd: int, path: str, nbytes: int) -> None:
         raise ConfigError(
             f"shared memory: no room for {nbytes / 2**20:.0f} MiB in {os.path.dirname(path)} ({exc.strerror}); "
             f"make it larger (docker run --shm-size) or set MACFLEET_SHM=0 to exchange over sockets only") from None
+    return fd
+
+
+def _map(fd: int, nbytes: int) -> mmap.mmap:
+    """Map ``nbytes`` of the open file and close the descriptor (the mapping keeps the file)."""
+    try:
+        return mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
 
 
 def default_slot_bytes(ranks: int) -> int:
