@@ -19,6 +19,7 @@ from macfleet import ConfigError, hostops, wire
 from macfleet.backends import MpsDevice, check_tensor
 from macfleet.env import WorkerEnv
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
+from macfleet.parallel import bucket_layout
 from macfleet.sampler import DistributedSampler
 
 SECRET = b"k" * 32
@@ -122,6 +123,35 @@ def test_float64_is_refused_for_mps_by_name() -> None:
         MpsDevice().check_dtype(torch.zeros(2, dtype=torch.float64), "weights")
     MpsDevice().check_dtype(torch.zeros(2, dtype=torch.float32), "weights")
     check_tensor(torch.zeros(2, dtype=torch.float64), "cpu tensors may be float64")
+
+
+# -- DataParallel's bucket layout ------------------------------------------------------------
+@given(widths=st.lists(st.integers(1, 64), min_size=2, max_size=9), biases=st.lists(st.booleans(), min_size=8, max_size=8),
+       doubles=st.lists(st.booleans(), min_size=8, max_size=8), first_cap=st.integers(4, 20000),
+       cap=st.integers(4, 40000))
+def test_buckets_take_whole_modules_in_reverse_order_and_fill_up(widths, biases, doubles, first_cap, cap) -> None:
+    layers = [torch.nn.Linear(a, b, bias=biases[i]) for i, (a, b) in enumerate(zip(widths, widths[1:]))]
+    for layer, double in zip(layers, doubles):
+        layer.to(torch.float64 if double else torch.float32)
+    named = list(torch.nn.Sequential(*layers).named_parameters())
+    groups = bucket_layout(named, first_cap, cap)
+
+    def owner(name: str) -> str:
+        return name.rpartition(".")[0]
+
+    def nbytes(params) -> int:
+        return sum(p.numel() * p.element_size() for _, p in params)
+
+    assert [n for g in groups for n, _ in g] == [n for n, _ in reversed(named)]  # every one, last registered first
+    owners = [owner(n) for g in groups for n, _ in g[:1]]
+    assert len(set(owners)) == len(owners), "a module's parameters split over two buckets"
+    for i, group in enumerate(groups):
+        limit = first_cap if i == 0 else cap
+        assert len({p.dtype for _, p in group}) == 1
+        assert nbytes(group) <= limit or len({owner(n) for n, _ in group}) == 1  # only a lone module may be over
+        if i + 1 < len(groups):  # a new bucket starts only when the next module does not fit or differs in kind
+            after = [(n, p) for n, p in groups[i + 1] if owner(n) == owner(groups[i + 1][0][0])]
+            assert nbytes(group) + nbytes(after) > limit or after[0][1].dtype != group[0][1].dtype
 
 
 # -- host arithmetic threads ------------------------------------------------------------------

@@ -27,7 +27,7 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
 b = torch.full((7,), float(rank), device=dev)
 macfleet.broadcast(b, 1 % world)
 out["broadcast"] = bool((b.cpu() == 1 % world).all())
-# the training oracle on the GPU: the whole model in one bucket, then a bucket per parameter
+# the training oracle on the GPU: the whole model in one bucket, then a bucket per module
 # (the communication thread), the first wrapper freed before the second is built
 x, y = oracle.make_batch()
 ref = oracle.make_model()
