@@ -31,6 +31,8 @@ MACFLEET_JOB_SECRET                per-job HMAC key; ``macfleet.init`` removes i
 MACFLEET_SHM_DIR                   the agent's per-job directory (shared-memory segment, error files)
 GLOO_SOCKET_IFNAME                 the data address's interface, for scripts using gloo themselves
 OMP_WAIT_POLICY                    PASSIVE: spinning OpenMP threads starve the communication threads
+MALLOC_MMAP_THRESHOLD_,            32 and 64 MiB: glibc keeps freed ZeroMQ messages for reuse
+MALLOC_TRIM_THRESHOLD_             instead of page-faulting fresh memory for every one
 PYTORCH_MPS_HIGH_WATERMARK_RATIO,  set by the agent before the child imports torch, because
 PYTORCH_MPS_LOW_WATERMARK_RATIO,   torch reads them once, at import or first MPS use
 PYTORCH_ENABLE_MPS_FALLBACK
