@@ -275,21 +275,24 @@ def bucket_layout(named: list[tuple[str, nn.Parameter]], first_cap: int,
     size-only rule would bucket together: on a 25M-parameter MLP that delayed a 16 MB bucket
     past the largest layer's backward. A bucket holds one dtype and device; the first is at
     most ``first_cap`` bytes and the rest ``cap`` (a module larger than that gets its own)."""
+    def kind(p: nn.Parameter) -> tuple[torch.dtype, torch.device]:
+        return p.dtype, p.device
+
+    def owner(name: str) -> str:
+        return name.rpartition(".")[0]
+
     units: list[list[tuple[str, nn.Parameter]]] = []  # consecutive parameters of one owner and kind
     for name, p in reversed(named):
-        if units:
-            last_name, last = units[-1][-1]
-            if (last_name.rpartition(".")[0], last.dtype, last.device) == (name.rpartition(".")[0], p.dtype, p.device):
-                units[-1].append((name, p))
-                continue
-        units.append([(name, p)])
+        if units and (owner(units[-1][-1][0]), kind(units[-1][-1][1])) == (owner(name), kind(p)):
+            units[-1].append((name, p))
+        else:
+            units.append([(name, p)])
     groups: list[list[tuple[str, nn.Parameter]]] = []
     size = 0
     for unit in units:
         nbytes = sum(p.numel() * p.element_size() for _, p in unit)
         limit = first_cap if len(groups) <= 1 else cap
-        same_kind = groups and (groups[-1][0][1].dtype, groups[-1][0][1].device) == (unit[0][1].dtype, unit[0][1].device)
-        if not groups or not same_kind or size + nbytes > limit:
+        if not groups or kind(groups[-1][0][1]) != kind(unit[0][1]) or size + nbytes > limit:
             groups.append([])
             size = 0
         groups[-1].extend(unit)
