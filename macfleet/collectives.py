@@ -269,23 +269,29 @@ class Collectives:
         parts = max(1, min(usable, numel * size // (ring.world * self.min_part_bytes)))
         bounds = split_evenly(numel, parts)
         self.last_algorithm = f"ring x{parts}"
+        # The ring computes on one chunk of one segment at a time, never on the whole tensor: a
+        # 1 MiB all-reduce of 4 ranks adds 256 KiB pieces. Their size, not the tensor's, decides
+        # whether waking an OpenMP team pays (measured, 1 MiB at 4 ranks over TCP: 2.0 ms on
+        # the team, 1.6-1.8 ms inline; benchmarks/results/2026-11-22-session6).
+        piece = min(self._chunk_elems(work), -(-(bounds[0][1] - bounds[0][0]) // ring.world)) * size
         jobs = []
         for p in range(1, parts):
             a, b = bounds[p]
             jobs.append(self._pool.submit(  # type: ignore[union-attr]
-                self._reduce_part_threaded, numel * size, ring.channels[p], ring.world, op_id, work[a:b], packed[a:b],
+                self._reduce_part_threaded, piece, ring.channels[p], ring.world, op_id, work[a:b], packed[a:b],
                 packed_raw[a * wsize: b * wsize], reducer, meta))
         a, b = bounds[0]
         try:
-            self._reduce_part(ring.channels[0], ring.world, op_id, work[a:b], packed[a:b],
-                              packed_raw[a * wsize: b * wsize], reducer, meta)
+            with hostops.threads_for(piece, self.inline_bytes):
+                self._reduce_part(ring.channels[0], ring.world, op_id, work[a:b], packed[a:b],
+                                  packed_raw[a * wsize: b * wsize], reducer, meta)
         finally:
             for job in jobs:
                 job.result()
 
-    def _reduce_part_threaded(self, nbytes: int, *args: object) -> None:
-        """``_reduce_part`` on a pool thread, with the collective's thread setting."""
-        with hostops.threads_for(nbytes, self.inline_bytes):
+    def _reduce_part_threaded(self, piece_bytes: int, *args: object) -> None:
+        """``_reduce_part`` on a pool thread, on one thread alone if its pieces are small."""
+        with hostops.threads_for(piece_bytes, self.inline_bytes):
             self._reduce_part(*args)  # type: ignore[arg-type]
 
     def _reduce_part(self, ch: Channel, n: int, op_id: int, x: torch.Tensor, packed: torch.Tensor, raw: memoryview,

@@ -43,7 +43,8 @@ ring direction), ``MACFLEET_CHUNK_BYTES`` (pipeline chunk), ``MACFLEET_SMALL_BYT
 this an all-reduce on a ring takes the one-pass latency path; one host's ranks use shared
 memory for every size), ``MACFLEET_SHM=0`` (no shared memory),
 ``MACFLEET_SHM_SLOT_BYTES`` (shared-memory slot per rank), ``MACFLEET_INLINE_BYTES`` (up to
-this size a collective's host arithmetic runs on its own thread, not on torch's OpenMP team),
+this size a collective's host arithmetic runs on its own thread, not on torch's OpenMP team; a
+ring over sockets compares the pieces it adds),
 ``MACFLEET_TIMEOUT`` (seconds a
 collective may make no progress), ``MACFLEET_RENDEZVOUS_TIMEOUT``.
 
