@@ -24,11 +24,10 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import torch
-import zmq
 
 from macfleet import hostops
 from macfleet.backends import check_tensor
-from macfleet.errors import CollectiveTimeout, ConfigError
+from macfleet.errors import ConfigError
 from macfleet.shm import LocalGroup, split_evenly
 from macfleet.transport import Channel, Ring
 
@@ -149,7 +148,6 @@ class Collectives:
             ch = self.ring.channels[0]  # clockwise: position == rank
             ch.begin(op_id)
             meta = {"c": "broadcast", "numel": tensor.numel(), "dtype": str(tensor.dtype), "root": src}
-            trackers = _Trackers(ch)
             last = (src - 1) % self.world  # the rank that does not pass it on
             for a, b in _chunks(0, tensor.numel(), self._chunk_elems(work)):
                 piece = raw[a * work.element_size(): b * work.element_size()]
@@ -157,8 +155,7 @@ class Collectives:
                     ch.recv_header(len(piece), meta)
                     ch.recv_into(piece)
                 if self.rank != last:
-                    trackers.add(a, ch.send(piece, meta))
-            trackers.wait_all()
+                    ch.send(piece, meta)
             if self.rank != src:
                 tensor.copy_(work.view(tensor.shape))
         return tensor
@@ -245,9 +242,8 @@ class Collectives:
         n, size, me = ring.world, blocks.element_size(), ring.channels[0].position
         per = blocks.shape[1]
         step = self._chunk_elems(blocks)
-        trackers = _Trackers(ch)
         for a, b in _chunks(me * per, (me + 1) * per, step):
-            trackers.add(a, ch.send(raw[a * size: b * size], meta))
+            ch.send(raw[a * size: b * size], meta)
         for s in range(n - 1):
             k = (me - s - 1) % n
             for a, b in _chunks(k * per, (k + 1) * per, step):
@@ -255,8 +251,7 @@ class Collectives:
                 ch.recv_header(len(piece), meta)
                 ch.recv_into(piece)
                 if s < n - 2:
-                    trackers.add(a, ch.send(piece, meta))
-        trackers.wait_all()
+                    ch.send(piece, meta)
 
     def _reduce_ring(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
                      meta: dict, wire: torch.dtype | None) -> None:
@@ -306,7 +301,6 @@ class Collectives:
         segments = split_evenly(x.numel(), n)
         step = self._chunk_elems(x)
         ch.begin(op_id)
-        trackers = _Trackers(ch)
 
         def chunks(k: int) -> list[tuple[int, int]]:
             return _chunks(*segments[k % n], step)
@@ -314,7 +308,7 @@ class Collectives:
         def send(a: int, b: int) -> None:
             if cast:
                 packed[a:b].copy_(x[a:b])
-            trackers.add(a, ch.send(raw[a * size: b * size], meta))
+            ch.send(raw[a * size: b * size], meta)
 
         for a, b in chunks(i):
             send(a, b)
@@ -330,13 +324,11 @@ class Collectives:
         for s in range(n - 1):
             for a, b in chunks(i - s):
                 ch.recv_header((b - a) * size, meta)
-                trackers.wait(a)  # our own earlier send of this region must be off the buffer first
-                ch.recv_into(raw[a * size: b * size])
+                ch.recv_into(raw[a * size: b * size])  # our sends were copies: nothing still reads it
                 if cast:
                     x[a:b].copy_(packed[a:b])
                 if s < n - 2:
-                    trackers.add(a, ch.send(raw[a * size: b * size], meta))
-        trackers.wait_all()
+                    ch.send(raw[a * size: b * size], meta)
 
     # -- helpers ----------------------------------------------------------------------------
     @contextmanager
@@ -377,44 +369,11 @@ class Collectives:
 
 
 def host_memory(tensor: torch.Tensor) -> memoryview:
-    """A writable byte view of a contiguous CPU tensor's memory, for zero-copy sends and
-    receives into place. It does not keep the tensor alive: the caller holds it, and waits for
-    every send's tracker, until the collective returns."""
+    """A writable byte view of a contiguous CPU tensor's memory, for sends straight from it
+    and receives into place. It does not keep the tensor alive: the caller holds it until the
+    collective returns (sends copy, so nothing reads it after that)."""
     nbytes = tensor.numel() * tensor.element_size()
     return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
-
-
-class _Trackers:
-    """Zero-copy sends still in flight, keyed by buffer offset."""
-
-    def __init__(self, ch: Channel) -> None:
-        self.ch = ch
-        self.pending: dict[int, zmq.MessageTracker] = {}
-
-    def add(self, key: int, tracker: zmq.MessageTracker | None) -> None:
-        if tracker is not None:
-            self.pending[key] = tracker
-
-    def wait(self, key: int) -> None:
-        tracker = self.pending.pop(key, None)
-        if tracker is not None:
-            self._wait(tracker)
-
-    def wait_all(self) -> None:
-        for tracker in self.pending.values():
-            self._wait(tracker)
-        self.pending.clear()
-
-    def _wait(self, tracker: zmq.MessageTracker) -> None:
-        deadline = time.monotonic() + self.ch.timeout_s
-        while not tracker.done:
-            try:
-                tracker.wait(0.1)
-            except zmq.NotDone:
-                self.ch.liveness.check()
-                if time.monotonic() > deadline:
-                    raise CollectiveTimeout(
-                        f"rank {self.ch.rank}: send to rank {self.ch.next_rank} never completed") from None
 
 
 def _chunks(start: int, end: int, step: int) -> list[tuple[int, int]]:

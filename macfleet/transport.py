@@ -107,9 +107,16 @@ class Channel:
         self._op, self._seq_out, self._seq_in = op, 0, 0
 
     # -- sending ----------------------------------------------------------------------------
-    def send(self, payload: memoryview | bytes, meta: dict[str, Any] | None = None) -> zmq.MessageTracker | None:
-        """Send one payload frame (zero-copy when large); returns a tracker to wait on before
-        the payload's memory may be overwritten, or None when it was copied."""
+    def send(self, payload: memoryview | bytes, meta: dict[str, Any] | None = None) -> None:
+        """Send one payload frame. It is copied into the message before this returns, so the
+        caller may overwrite the memory at once.
+
+        Not zero-copy on purpose. A zero-copy send is done when pyzmq's tracker fires, after
+        libzmq releases the message, and libzmq did not always release it: a 2.4 MB all-reduce
+        of shared tensors on two hosts (both ring directions, two streams) hung every time on a
+        message the peer had already received, until the connection closed. The copy costs one
+        memcpy per byte sent, outside the GIL; measured against zero-copy on 16 cores it was
+        within run-to-run noise (benchmarks/results/2026-11-22-session3 and -session6)."""
         # meta first: the schedule fields must win over a collective's own keys
         fields = {**(meta or {}), "job": self.job_id, "op": self._op, "seq": self._seq_out, "src": self.rank,
                   "n": len(payload)}
@@ -118,10 +125,7 @@ class Channel:
         self._wait(self.push, zmq.POLLOUT, "send to", self.next_rank)
         self.push.send(mac, zmq.SNDMORE)
         self.push.send(header, zmq.SNDMORE)
-        if len(payload) >= zmq.COPY_THRESHOLD:
-            return self.push.send(payload, copy=False, track=True)
         self.push.send(payload, copy=True)
-        return None
 
     # -- receiving --------------------------------------------------------------------------
     def recv_header(self, nbytes: int, meta: dict[str, Any] | None = None) -> dict[str, Any]:

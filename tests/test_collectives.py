@@ -91,6 +91,16 @@ def test_hierarchical_all_reduce_across_hosts_is_exact(sshd, tmp_path, case_list
               hosts=["--hosts", "127.0.0.2:2,127.0.0.3:1,127.0.0.1:2", *sshd.launch_options()])
 
 
+def test_shared_tensors_between_hosts_on_every_channel(sshd, tmp_path) -> None:
+    """2.4 MB of shared tensors between two hosts of two ranks: the leaders' two-member ring
+    splits it over all four channels. Found by the test above: with zero-copy sends this hung,
+    every time, on a message the peer had received but libzmq never released."""
+    shared = [{"kind": "all_reduce", "dtype": dtype, "numel": numel, "seed": seed, "op": "sum", "src": 0,
+               "shared": True} for dtype, numel, seed in (("float64", 300_000, 1), ("float32", 600_002, 2))]
+    run_cases(tmp_path, 4, shared, {"MACFLEET_TIMEOUT": "30"},
+              hosts=["--hosts", "127.0.0.2:2,127.0.0.3:2", *sshd.launch_options()])
+
+
 def test_shared_memory_is_gone_after_the_job(tmp_path) -> None:
     """The segment is unlinked once every rank has mapped it, and the agent's directory removed."""
     import glob
