@@ -115,8 +115,9 @@ class Channel:
         libzmq releases the message, and libzmq did not always release it: a 2.4 MB all-reduce
         of shared tensors on two hosts (both ring directions, two streams) hung every time on a
         message the peer had already received, until the connection closed. The copy costs one
-        memcpy per byte sent, outside the GIL; measured against zero-copy on 16 cores it was
-        within run-to-run noise (benchmarks/results/2026-11-22-session3 and -session6)."""
+        memcpy per byte sent, outside the GIL: 5-25% at 16-64 MiB between ranks of one machine
+        over loopback (benchmarks/results/2026-11-22-session6; session 3 had found it within
+        noise). Between Macs the link, not the memcpy, bounds a send."""
         # meta first: the schedule fields must win over a collective's own keys
         fields = {**(meta or {}), "job": self.job_id, "op": self._op, "seq": self._seq_out, "src": self.rank,
                   "n": len(payload)}
