@@ -40,6 +40,9 @@ SUPPORTED = frozenset({
 WORK_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 TWO_MEMBER_ONE_PASS_BYTES = 1 << 20
+# The ring sends pieces this large straight from the tensor's memory: it saves a memcpy of every
+# byte sent, and costs one settle word per channel at the end of the collective.
+ZERO_COPY_BYTES = 1 << 20
 # Wire compression: what crosses the network; the reduction stays in the working dtype.
 WIRE_DTYPES: dict[str, torch.dtype | None] = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 Reducer = Callable[[torch.Tensor, torch.Tensor], object]
@@ -71,11 +74,12 @@ class Collectives:
     def __init__(self, ring: Ring, chunk_bytes: int = 4 << 20, small_bytes: int = 64 << 10,
                  min_part_bytes: int = 256 << 10, local: LocalGroup | None = None, leaders: Ring | None = None,
                  shared_memory: bool = False, all_streams: bool = True,
-                 inline_bytes: int = hostops.INLINE_BYTES) -> None:
+                 inline_bytes: int = hostops.INLINE_BYTES, zero_copy_bytes: int = ZERO_COPY_BYTES) -> None:
         """``shared_memory``: all-reduce through ``local`` (this host's ranks) and, across hosts,
         ``leaders`` (the ring of each host's first rank, given to those ranks only).
         ``inline_bytes``: collectives up to this size do their arithmetic on the calling thread
-        alone (``macfleet.hostops``)."""
+        alone (``macfleet.hostops``). ``zero_copy_bytes``: the ring sends pieces at least this
+        large without copying them (``Ring.settle``)."""
         self.ring = ring
         self.local, self.leaders, self.shared_memory = local, leaders, shared_memory
         self.all_streams = all_streams  # else only two-member rings use streams beyond the first
@@ -84,6 +88,7 @@ class Collectives:
         self.small_bytes = small_bytes
         self.min_part_bytes = min_part_bytes
         self.inline_bytes = inline_bytes
+        self.zero_copy_bytes = zero_copy_bytes
         self.ops_done = 0  # progress counter, read by the heartbeat
         self.current: tuple[str, int, float] | None = None  # (collective, op id, since): what we wait in
         self.last_algorithm = ""  # which path the last all_reduce took (for benchmarks)
@@ -269,20 +274,23 @@ class Collectives:
         # whether waking an OpenMP team pays (measured, 1 MiB at 4 ranks over TCP: 2.0 ms on
         # the team, 1.6-1.8 ms inline; benchmarks/results/2026-11-22-session6).
         piece = min(self._chunk_elems(work), -(-(bounds[0][1] - bounds[0][0]) // ring.world)) * size
+        copy = piece * wsize // size < self.zero_copy_bytes  # the same on every member: it follows from the size
         jobs = []
         for p in range(1, parts):
             a, b = bounds[p]
             jobs.append(self._pool.submit(  # type: ignore[union-attr]
                 self._reduce_part_threaded, piece, ring.channels[p], ring.world, op_id, work[a:b], packed[a:b],
-                packed_raw[a * wsize: b * wsize], reducer, meta))
+                packed_raw[a * wsize: b * wsize], reducer, meta, copy))
         a, b = bounds[0]
         try:
             with hostops.threads_for(piece, self.inline_bytes):
                 self._reduce_part(ring.channels[0], ring.world, op_id, work[a:b], packed[a:b],
-                                  packed_raw[a * wsize: b * wsize], reducer, meta)
+                                  packed_raw[a * wsize: b * wsize], reducer, meta, copy)
         finally:
             for job in jobs:
                 job.result()
+        if not copy:
+            ring.settle(op_id, ring.channels[:parts])
 
     def _reduce_part_threaded(self, piece_bytes: int, *args: object) -> None:
         """``_reduce_part`` on a pool thread, on one thread alone if its pieces are small."""
@@ -290,11 +298,16 @@ class Collectives:
             self._reduce_part(*args)  # type: ignore[arg-type]
 
     def _reduce_part(self, ch: Channel, n: int, op_id: int, x: torch.Tensor, packed: torch.Tensor, raw: memoryview,
-                     reducer: Reducer, meta: dict) -> None:
+                     reducer: Reducer, meta: dict, copy: bool = True) -> None:
         """Reduce-scatter then all-gather of ``x`` on one channel of an ``n``-member ring, chunk by chunk.
 
         ``packed``/``raw`` is what goes on the wire: ``x`` itself, or a same-length buffer in the
         compressed dtype (then each chunk is cast just before it is sent, and back as it arrives).
+
+        ``copy=False`` sends straight from ``raw``. Within the op that is safe without waiting
+        for anything: a region we sent is written again only when its final sum arrives, and
+        that sum includes what we sent, so the next member had received it. After the op the
+        caller settles (``Ring.settle``).
         """
         i, size = ch.position, packed.element_size()
         cast = packed is not x
@@ -308,7 +321,7 @@ class Collectives:
         def send(a: int, b: int) -> None:
             if cast:
                 packed[a:b].copy_(x[a:b])
-            ch.send(raw[a * size: b * size], meta)
+            ch.send(raw[a * size: b * size], meta, copy)
 
         for a, b in chunks(i):
             send(a, b)
@@ -324,11 +337,11 @@ class Collectives:
         for s in range(n - 1):
             for a, b in chunks(i - s):
                 ch.recv_header((b - a) * size, meta)
-                ch.recv_into(raw[a * size: b * size])  # our sends were copies: nothing still reads it
+                ch.recv_into(raw[a * size: b * size])  # the next member has our send of it: see above
                 if cast:
                     x[a:b].copy_(packed[a:b])
                 if s < n - 2:
-                    ch.send(raw[a * size: b * size], meta)
+                    ch.send(raw[a * size: b * size], meta, copy)
 
     # -- helpers ----------------------------------------------------------------------------
     @contextmanager
@@ -371,7 +384,7 @@ class Collectives:
 def host_memory(tensor: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous CPU tensor's memory, for sends straight from it
     and receives into place. It does not keep the tensor alive: the caller holds it until the
-    collective returns (sends copy, so nothing reads it after that)."""
+    collective returns (zero-copy sends are settled before that)."""
     nbytes = tensor.numel() * tensor.element_size()
     return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
 

@@ -23,7 +23,7 @@ import zmq
 
 from macfleet import backends, hostops
 from macfleet import protocol
-from macfleet.collectives import Collectives
+from macfleet.collectives import ZERO_COPY_BYTES, Collectives
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
 from macfleet.errors import ConfigError, RendezvousError
@@ -135,6 +135,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
             small_bytes=_env_bytes("MACFLEET_SMALL_BYTES", 64 << 10),
             min_part_bytes=_env_bytes("MACFLEET_MIN_PART_BYTES", 256 << 10),
             inline_bytes=_env_bytes("MACFLEET_INLINE_BYTES", hostops.INLINE_BYTES),
+            zero_copy_bytes=_env_bytes("MACFLEET_ZERO_COPY_BYTES", ZERO_COPY_BYTES),
             local=local, leaders=leaders, shared_memory=shared_memory, all_streams=explicit is not None,
         )
         control.status = collectives.status

@@ -107,17 +107,16 @@ class Channel:
         self._op, self._seq_out, self._seq_in = op, 0, 0
 
     # -- sending ----------------------------------------------------------------------------
-    def send(self, payload: memoryview | bytes, meta: dict[str, Any] | None = None) -> None:
-        """Send one payload frame. It is copied into the message before this returns, so the
-        caller may overwrite the memory at once.
+    def send(self, payload: memoryview | bytes, meta: dict[str, Any] | None = None, copy: bool = True) -> None:
+        """Send one payload frame.
 
-        Not zero-copy on purpose. A zero-copy send is done when pyzmq's tracker fires, after
-        libzmq releases the message, and libzmq did not always release it: a 2.4 MB all-reduce
-        of shared tensors on two hosts (both ring directions, two streams) hung every time on a
-        message the peer had already received, until the connection closed. The copy costs one
-        memcpy per byte sent, outside the GIL: 5-25% at 16-64 MiB between ranks of one machine
-        over loopback (benchmarks/results/2026-11-22-session6; session 3 had found it within
-        noise). Between Macs the link, not the memcpy, bounds a send."""
+        ``copy=True``: the payload is copied into the message before this returns, so the
+        caller may overwrite its memory at once.
+        ``copy=False``: libzmq reads the payload from the caller's memory after this returns,
+        and the caller must leave it alone until the peer has received it: until data the peer
+        sends later depends on it, or until ``Ring.settle``. Not until libzmq releases the
+        message: a 2.4 MB all-reduce between two hosts once hung every time waiting for pyzmq's
+        tracker of a message the peer had long received (benchmarks/results/2026-11-22-session6)."""
         # meta first: the schedule fields must win over a collective's own keys
         fields = {**(meta or {}), "job": self.job_id, "op": self._op, "seq": self._seq_out, "src": self.rank,
                   "n": len(payload)}
@@ -126,7 +125,7 @@ class Channel:
         self._wait(self.push, zmq.POLLOUT, "send to", self.next_rank)
         self.push.send(mac, zmq.SNDMORE)
         self.push.send(header, zmq.SNDMORE)
-        self.push.send(payload, copy=True)
+        self.push.send(payload, copy=copy)
 
     # -- receiving --------------------------------------------------------------------------
     def recv_header(self, nbytes: int, meta: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -234,6 +233,28 @@ class Ring:
             except CollectiveTimeout as exc:
                 raise RendezvousError(f"ring not connected: {exc}") from None
             ch.recv_frame()
+
+    def back(self, ch: Channel) -> Channel:
+        """The channel of ``ch``'s stream that runs the other way round the ring: it sends to
+        the member ``ch`` receives from."""
+        return next(c for c in self.channels if c.id.stream == ch.id.stream and c.id.clockwise != ch.id.clockwise)
+
+    def settle(self, op: int, used: list[Channel]) -> None:
+        """End op ``op``'s zero-copy sends on the ``used`` channels: tell every member we
+        received from that we have all of it, and wait for the members we sent to to say the
+        same. After this no message of the op still reads our memory, so the caller may reuse it.
+
+        The word goes back on ``back(ch)``; a back channel that carried none of the op's data
+        starts the op here. Every member calls this with the same channels (they follow from
+        the tensor's size), so every settle word has its reader."""
+        for ch in {self.back(ch).id: self.back(ch) for ch in used}.values():
+            if ch not in used:
+                ch.begin(op)
+        for ch in used:
+            self.back(ch).send(b"", {"c": "settle", "of": ch.id.name})
+        for ch in used:  # ch's receiver answers on its own back(ch), which arrives on ours
+            self.back(ch).recv_header(0, {"c": "settle", "of": ch.id.name})
+            self.back(ch).recv_frame()
 
     @property
     def dropped(self) -> int:
