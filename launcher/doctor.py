@@ -40,7 +40,7 @@ def run_doctor(cfg: LaunchConfig) -> int:
     with ThreadPoolExecutor(len(cfg.hosts)) as pool:
         reach = list(pool.map(lambda h: check_ssh(h, cfg), cfg.hosts))
     if any(reach):
-        rows = [[h.ssh_target, "unreachable: " + err if err else "ok"] for h, err in zip(cfg.hosts, reach)]
+        rows = [[h.ssh_target, "unreachable: " + err if err else "ok"] for h, err in zip(cfg.hosts, reach, strict=True)]
         print(_table(["host", "ssh"], rows))
         print("\nfix: make `ssh HOST` work without a password (ssh-copy-id HOST), and install the same Python "
               "environment with macfleet and torch on every host (--python names its interpreter).")
@@ -84,4 +84,4 @@ def run_doctor(cfg: LaunchConfig) -> int:
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows])
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows])

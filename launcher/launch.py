@@ -111,7 +111,7 @@ def plan_addresses(cfg: LaunchConfig) -> tuple[list[str], list[str], list[str]]:
     resolved = [None if h.is_local else resolve(h, cfg.ssh) for h in cfg.hosts]
     remote_ips = [ip for ip in resolved if ip]
     data, control = [], []
-    for host, ip in zip(cfg.hosts, resolved):
+    for host, ip in zip(cfg.hosts, resolved, strict=True):
         if host.is_local:
             default = route_source(remote_ips[0]) if remote_ips else "127.0.0.1"
             data.append(host.addr or cfg.data_addr or default)

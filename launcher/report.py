@@ -58,8 +58,8 @@ def facts_table(names: list[str], facts: list[dict]) -> str:
             leader = counts[0][1] if counts[0][0] > counts[1][0] else None
             marked[c] = {v for _, v in counts if v != leader}
     rows = [("host", *columns)]
-    for name, f in zip(names, facts):
+    for name, f in zip(names, facts, strict=True):
         rows.append((name, *(str(f.get(c)) + (" <-" if str(f.get(c)) in marked.get(c, ()) else "")
                              for c in columns)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)
+    return "\n".join("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)

@@ -66,7 +66,10 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+# Spelled out, not built from _LAZY, so that linters and type checkers see what is exported.
 __all__ = [
     "CollectiveTimeout", "ConfigError", "JobAborted", "MacfleetError", "PeerLost", "ProtocolError",
-    "RendezvousError", "__version__", "checkpoint", *_LAZY,
+    "RendezvousError", "__version__", "checkpoint",
+    "init", "shutdown", "rank", "world_size", "local_rank", "device", "all_reduce", "broadcast", "all_gather",
+    "barrier", "host_tensor", "DataParallel", "DistributedSampler",
 ]

@@ -31,6 +31,14 @@ def test_no_launcher_means_a_job_of_one() -> None:
     assert (env.rank, env.world_size, env.distributed) == (0, 1, False)
 
 
+def test_every_exported_name_resolves_and_every_lazy_name_is_exported() -> None:
+    import macfleet
+
+    assert set(macfleet._LAZY) <= set(macfleet.__all__)
+    missing = [name for name in macfleet.__all__ if not hasattr(macfleet, name)]
+    assert missing == []
+
+
 def test_environment_is_parsed_and_checked() -> None:
     env = WorkerEnv.from_environ({"RANK": "2", "WORLD_SIZE": "4", "MACFLEET_COORDINATOR": "tcp://h:1",
                                   "MACFLEET_MEMORY_FRACTION": "0.25", "MACFLEET_JOB_SECRET": "ab01"})

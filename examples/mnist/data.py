@@ -113,7 +113,7 @@ STROKES: list[list[list[tuple[float, float]]]] = [
 
 def _segments(digit: int) -> torch.Tensor:
     """[K, 2, 2]: the digit's strokes as line segments (start, end)."""
-    segs = [(a, b) for stroke in STROKES[digit] for a, b in zip(stroke, stroke[1:])]
+    segs = [(a, b) for stroke in STROKES[digit] for a, b in zip(stroke, stroke[1:], strict=False)]
     return torch.tensor(segs, dtype=torch.float32)
 
 
