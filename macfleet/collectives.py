@@ -333,6 +333,8 @@ class Collectives:
                 frame = ch.recv_frame()
                 reducer(x[a:b], torch.frombuffer(frame.buffer, dtype=packed.dtype))  # in x's dtype (float32)
                 send(a, b)
+                if cast and s == n - 2:  # our final segment: keep it as the others get it, rounded
+                    x[a:b].copy_(packed[a:b])
         # All-gather: receive final segments straight into place.
         for s in range(n - 1):
             for a, b in chunks(i - s):

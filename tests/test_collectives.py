@@ -108,6 +108,20 @@ def test_shared_tensors_between_hosts_on_every_channel(sshd, tmp_path, zero_copy
               hosts=["--hosts", "127.0.0.2:2,127.0.0.3:2", *sshd.launch_options()])
 
 
+@pytest.mark.parametrize("path", ["w3-tcp-tiny-chunks-2-streams", "w4-tcp-zero-copy-2-streams"])
+def test_compressed_all_reduce_is_close_and_identical_on_every_rank(tmp_path, path: str) -> None:
+    """What crosses the wire is rounded to half precision; every rank must still end with the
+    same bits (DataParallel's replicas would drift apart otherwise)."""
+    world, env = PATHS[path]
+    case_list = [{"kind": "all_reduce", "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 0,
+                  "compression": wire}
+                 for seed, (wire, dtype, op, numel) in enumerate([
+                     ("fp16", "float32", "sum", 70_001), ("bf16", "float32", "avg", 300_001),
+                     ("bf16", "float16", "sum", 16_385), ("fp16", "bfloat16", "max", 70_001),
+                     ("bf16", "float32", "sum", 100)])]
+    run_cases(tmp_path, world, case_list, env)
+
+
 def test_shared_memory_is_gone_after_the_job(tmp_path) -> None:
     """The segment is unlinked once every rank has mapped it, and the agent's directory removed."""
     import glob

@@ -1,7 +1,9 @@
 """Run collective cases from a JSON file and check each against an independent computation.
 
 A case with ``shared`` puts its input in ``macfleet.host_tensor`` memory (reduced in place
-where the ranks share memory). Every rank can rebuild every rank's input from the case seed, so the expected result is
+where the ranks share memory). A case with ``compression`` (an all-reduce of floats) takes
+random normal inputs, which half precision cannot hold exactly: its result must be within a
+bound of the exact one and bit-identical on every rank. Every rank can rebuild every rank's input from the case seed, so the expected result is
 computed here in float64/int64 with plain torch, not with macfleet. Writes
 ``OUT/rank-R.json`` with the failures found (an empty list when all cases are exact).
 """
@@ -19,8 +21,13 @@ DTYPES = {name: getattr(torch, name) for name in
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-6, torch.float64: 1e-12}
 
 
+WIRE_EPS = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}  # unit roundoff of the wire dtype
+
+
 def make_input(case, rank):
     g = torch.Generator().manual_seed(case["seed"] * 1000 + rank)
+    if case.get("compression"):
+        return torch.randn(case["numel"], generator=g).to(DTYPES[case["dtype"]])
     low = 0 if case["dtype"] == "uint8" else -8
     # small integers: exactly representable in every dtype, and so are their sums over 8 ranks
     return torch.randint(low, 9, (case["numel"],), generator=g).to(DTYPES[case["dtype"]])
@@ -46,6 +53,8 @@ def run(case, rank, world):
     t = make_input(case, rank)
     if case.get("shared"):  # every rank allocates it, in the same order: a collective
         t = macfleet.host_tensor(t.numel(), t.dtype).copy_(t)
+    if case.get("compression"):
+        return check_compressed(case, t, rank, world)
     if case["kind"] == "all_reduce":
         got = macfleet.all_reduce(t, case["op"])
     elif case["kind"] == "broadcast":
@@ -63,6 +72,20 @@ def run(case, rank, world):
         bad = (got.double() != want.double()).nonzero()[:5].flatten().tolist()
         return f"values differ at {bad}: got {got.flatten()[bad].tolist()} want {want.flatten()[bad].tolist()}"
     return None
+
+
+def check_compressed(case, t, rank, world):
+    got = macfleet.all_reduce(t, case["op"], compression=case["compression"])
+    everyone = macfleet.all_gather(got)
+    if not all(torch.equal(everyone[0], everyone[r]) for r in range(world)):
+        worst = max((everyone[0].double() - everyone[r].double()).abs().max().item() for r in range(world))
+        return f"ranks got different results (by up to {worst:.3g})"
+    inputs = torch.stack([make_input(case, r).double() for r in range(world)])
+    want = {"sum": inputs.sum(0), "avg": inputs.mean(0), "max": inputs.amax(0), "min": inputs.amin(0)}[case["op"]]
+    # each of the world-1 hops rounds a partial result of magnitude at most sum(|x|) to the wire dtype
+    bound = 2 * world * WIRE_EPS[case["compression"]] * inputs.abs().sum(0).max().item()
+    err = (got.double() - want).abs().max().item() if t.numel() else 0.0
+    return None if err <= bound else f"error {err:.3g} above the bound {bound:.3g}"
 
 
 def main():
