@@ -82,8 +82,9 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     streams = explicit or 2
     if streams < 1:
         raise ConfigError(f"streams must be >= 1, not {streams}")
-    # one I/O thread per ring channel (both directions x streams), so no channel waits on another's
-    ctx = zmq.Context(io_threads=min(16, 2 * streams))
+    # one I/O thread per ring socket (send and receive, both directions x streams), so no
+    # socket waits on another's thread
+    ctx = zmq.Context(io_threads=min(16, 4 * streams))
     liveness = Liveness()
     timeout_s = timeout_s or DEFAULT_TIMEOUT_S
     ring = local = leaders = None
