@@ -335,15 +335,16 @@ class Collectives:
                 send(a, b)
                 if cast and s == n - 2:  # our final segment: keep it as the others get it, rounded
                     x[a:b].copy_(packed[a:b])
-        # All-gather: receive final segments straight into place.
+        # All-gather: pass each final segment on as it arrived, then copy it into place (casting
+        # back if compressed). The message passed on is the one received, shared, not copied,
+        # so the next member gets it without waiting for our copy, and it never reads our memory.
         for s in range(n - 1):
             for a, b in chunks(i - s):
                 ch.recv_header((b - a) * size, meta)
-                ch.recv_into(raw[a * size: b * size])  # the next member has our send of it: see above
-                if cast:
-                    x[a:b].copy_(packed[a:b])
+                frame = ch.recv_frame()
                 if s < n - 2:
-                    ch.send(raw[a * size: b * size], meta, copy)
+                    ch.send(frame, meta)
+                x[a:b].copy_(torch.frombuffer(frame.buffer, dtype=packed.dtype))  # we sent it in RS: see above
 
     # -- helpers ----------------------------------------------------------------------------
     @contextmanager

@@ -111,8 +111,10 @@ class Channel:
         self._op, self._seq_out, self._seq_in = op, 0, 0
 
     # -- sending ----------------------------------------------------------------------------
-    def send(self, payload: memoryview | bytes, meta: dict[str, Any] | None = None, copy: bool = True) -> None:
-        """Send one payload frame.
+    def send(self, payload: memoryview | bytes | zmq.Frame, meta: dict[str, Any] | None = None,
+             copy: bool = True) -> None:
+        """Send one payload frame. A received ``zmq.Frame`` is passed on without a copy, whatever
+        ``copy`` says: the new message shares its memory.
 
         ``copy=True``: the payload is copied into the message before this returns, so the
         caller may overwrite its memory at once.
