@@ -40,6 +40,10 @@ SUPPORTED = frozenset({
 # Half precision is reduced in float32 on the host (DESIGN.md section 4).
 WORK_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
+# Up to these sizes the one-pass latency path beats the ring (benchmarks/results, device machine
+# over loopback: at 8 ranks 256 KiB took 1.8-1.9 ms one-pass against 2.8-3.0 ms on the ring,
+# 1 MiB 4.7-5.4 ms against 3.6-3.8; between two members the one pass moves the same bytes).
+SMALL_BYTES = 256 << 10
 TWO_MEMBER_ONE_PASS_BYTES = 1 << 20
 # The ring sends pieces this large straight from the tensor's memory: it saves a memcpy of every
 # byte sent, and costs one settle word per channel at the end of the collective.
@@ -72,7 +76,7 @@ class HostBuffers:
 
 
 class Collectives:
-    def __init__(self, ring: Ring, chunk_bytes: int = 4 << 20, small_bytes: int = 64 << 10,
+    def __init__(self, ring: Ring, chunk_bytes: int = 4 << 20, small_bytes: int = SMALL_BYTES,
                  min_part_bytes: int = 256 << 10, local: LocalGroup | None = None, leaders: Ring | None = None,
                  shared_memory: bool = False, all_streams: bool = True,
                  inline_bytes: int = hostops.INLINE_BYTES, zero_copy_bytes: int = ZERO_COPY_BYTES) -> None:

@@ -23,7 +23,7 @@ import zmq
 
 from macfleet import backends, hostops
 from macfleet import protocol
-from macfleet.collectives import ZERO_COPY_BYTES, Collectives
+from macfleet.collectives import SMALL_BYTES, ZERO_COPY_BYTES, Collectives
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
 from macfleet.errors import ConfigError, RendezvousError
@@ -133,7 +133,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
         collectives = Collectives(
             ring,
             chunk_bytes=min(MAX_FRAME_BYTES, _env_bytes("MACFLEET_CHUNK_BYTES", 4 << 20)),
-            small_bytes=_env_bytes("MACFLEET_SMALL_BYTES", 64 << 10),
+            small_bytes=_env_bytes("MACFLEET_SMALL_BYTES", SMALL_BYTES),
             min_part_bytes=_env_bytes("MACFLEET_MIN_PART_BYTES", 256 << 10),
             inline_bytes=_env_bytes("MACFLEET_INLINE_BYTES", hostops.INLINE_BYTES),
             zero_copy_bytes=_env_bytes("MACFLEET_ZERO_COPY_BYTES", ZERO_COPY_BYTES),
