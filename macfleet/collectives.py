@@ -250,7 +250,7 @@ class Collectives:
 
         Both directions at once: the blocks of the n // 2 members behind come clockwise, those
         of the (n - 1) // 2 ahead counter-clockwise, so the last block arrives after about n / 2
-        hops instead of n - 1 (each hop costs about 100 us over loopback sockets, session 6)."""
+        hops instead of n - 1 (a hop costs about 100 us over loopback sockets: benchmarks/results)."""
         n, size, per = ring.world, blocks.element_size(), blocks.shape[1]
         cw, ccw = ring.channels[0], ring.channels[1]
         me = cw.position
@@ -400,9 +400,9 @@ class Collectives:
 
 
 def host_memory(tensor: torch.Tensor) -> memoryview:
-    """A writable byte view of a contiguous CPU tensor's memory, for sends straight from it
-    and receives into place. It does not keep the tensor alive: the caller holds it until the
-    collective returns (zero-copy sends are settled before that)."""
+    """A writable byte view of a contiguous CPU tensor's memory, for sends straight from it.
+    It does not keep the tensor alive: the caller holds it until the collective returns
+    (zero-copy sends are settled before that)."""
     nbytes = tensor.numel() * tensor.element_size()
     return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
 
