@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
+import struct
 import subprocess
+import sys
+
+SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's (primary) IPv4 address
 
 
 def route_source(addr: str) -> str:
@@ -25,6 +30,9 @@ def interface_address(iface: str) -> str:
         match = re.search(r"(\d+\.\d+\.\d+\.\d+)", out)
         if match:
             return match.group(1)
+    for name, addr in _kernel_addresses():
+        if name == iface and ":" not in addr:
+            return addr
     raise ValueError(f"network interface {iface!r} has no IPv4 address on {socket.gethostname()}")
 
 
@@ -46,4 +54,38 @@ def interface_of(addr: str) -> str | None:
                     current = line.split(":")[0]
                 elif current and re.search(rf"\binet6? {re.escape(addr)}\b", line):
                     return current
+    for name, held in _kernel_addresses():
+        if _same_address(held, addr):
+            return name
     return None
+
+
+def _kernel_addresses() -> list[tuple[str, str]]:
+    """(interface, address) pairs straight from the Linux kernel, for hosts without iproute2
+    (minimal containers): each interface's primary IPv4 address and all its IPv6 ones. Empty
+    elsewhere: macOS always has ``ifconfig``."""
+    if not sys.platform.startswith("linux"):
+        return []
+    import fcntl
+
+    pairs = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                ifreq = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address
+            pairs.append((name, socket.inet_ntoa(ifreq[20:24])))
+    try:
+        with open("/proc/net/if_inet6") as lines:  # "fe80...0001 02 40 20 80 eth0"
+            pairs += [(f.split()[-1], str(ipaddress.IPv6Address(bytes.fromhex(f.split()[0])))) for f in lines]
+    except OSError:
+        pass
+    return pairs
+
+
+def _same_address(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b.strip("[]"))
+    except ValueError:
+        return False

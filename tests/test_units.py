@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import shutil
 import struct
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import MNIST
-from macfleet import ConfigError, hostops, wire
+from macfleet import ConfigError, hostops, netaddr, wire
 from macfleet.backends import MpsDevice, check_tensor
 from macfleet.env import WorkerEnv
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
@@ -37,6 +38,23 @@ def test_every_exported_name_resolves_and_every_lazy_name_is_exported() -> None:
     assert set(macfleet._LAZY) <= set(macfleet.__all__)
     missing = [name for name in macfleet.__all__ if not hasattr(macfleet, name)]
     assert missing == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("ip") is None, reason="Linux with iproute2")
+def test_interfaces_are_found_without_iproute2(monkeypatch) -> None:
+    """What `ip` reports, the kernel fallback finds with no tool on PATH (a minimal container):
+    the agents set GLOO_SOCKET_IFNAME from it, and gloo picks 127.0.0.1 without it."""
+    out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    first: dict[tuple[str, str], str] = {}
+    for fields in (line.split() for line in out.splitlines()):
+        first.setdefault((fields[1], fields[2]), fields[3].split("/")[0])  # an interface's primary address
+    assert first
+    monkeypatch.setenv("PATH", "")
+    for (iface, family), addr in first.items():
+        assert netaddr.interface_of(addr) == iface
+        if family == "inet":
+            assert netaddr.interface_address(iface) == addr
+    assert netaddr.interface_of("203.0.113.254") is None  # TEST-NET-3: held by no interface here
 
 
 def test_environment_is_parsed_and_checked() -> None:
