@@ -2,6 +2,8 @@
 
     python benchmarks/train_throughput.py [--nprocs 1,2,4] [--device cpu|cuda] [--models cnn,large]
                                           [--steps 20] [--threads-per-rank K] [--json FILE]
+                                          [--hosts mini1:1,mini2:1 [--launch-args "..."]]
+                                          [--compression none|fp16|bf16]
 
 For each N it runs one job (``macfleet launch --nproc N`` this file) whose ranks train each
 model with macfleet.DataParallel and then with torch DistributedDataParallel on gloo (NCCL with
@@ -23,6 +25,10 @@ same size, as a deep network spreads them (batch 128 per rank).
 Each job also times the bare model in the same processes with no gradient exchange at all
 (``local``): how fast N ranks can train on this machine if communication were free, the
 ceiling for scaling.
+
+``--hosts`` runs one job across machines instead (``macfleet launch --hosts``, plus
+``--launch-args``, e.g. ssh options); ``benchmarks/emulated_links.py --train`` uses it between
+network namespaces. ``--compression`` is DataParallel's wire compression (DDP has no equal).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -98,7 +105,7 @@ def rank_main(args: argparse.Namespace) -> None:
         x = torch.randn(batch, *shape, generator=g).to(device)
         y = torch.randint(0, 10, (batch,), generator=g).to(device)
         params = sum(p.numel() for p in model.parameters())
-        mf = macfleet.DataParallel(build(name)[0].to(device))
+        mf = macfleet.DataParallel(build(name)[0].to(device), compression=args.compression)
         step, wait = timed_steps(mf, torch.optim.SGD(mf.parameters(), lr=0.01), x, y, args.steps, sync,
                                  lambda model=mf: model.last_wait_s)
         ddp_model = build(name)[0].to(device)
@@ -123,12 +130,15 @@ def rank_main(args: argparse.Namespace) -> None:
 def orchestrate(args: argparse.Namespace) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for n in (int(v) for v in args.nprocs.split(",")):
-            out = Path(tmp) / f"{n}.json"
-            command = [sys.executable, "-m", "macfleet.launcher.cli", "launch", "--nproc", str(n),
+        layouts = [["--hosts", args.hosts, *shlex.split(args.launch_args)]] if args.hosts else [
+            ["--nproc", n] for n in args.nprocs.split(",")]
+        for k, layout in enumerate(layouts):
+            out = Path(tmp) / f"{k}.json"
+            command = [sys.executable, "-m", "macfleet.launcher.cli", "launch", *layout,
                        "--device", args.device, os.path.abspath(__file__), "--rank-mode", "--out", str(out),
                        "--models", args.models, "--steps", str(args.steps), "--device", args.device,
-                       "--ddp-backend", args.ddp_backend, "--threads-per-rank", str(args.threads_per_rank)]
+                       "--ddp-backend", args.ddp_backend, "--threads-per-rank", str(args.threads_per_rank),
+                       "--compression", args.compression]
             subprocess.run(command, check=True)
             rows += json.loads(out.read_text())
     base = {(r["model"], r["library"]): r["samples_s"] for r in rows if r["world"] == 1}
@@ -136,7 +146,9 @@ def orchestrate(args: argparse.Namespace) -> None:
         one = base.get((r["model"], r["library"]))
         r["scaling_efficiency"] = r["samples_s"] / (r["world"] * one) if one else None
     threads = f", {args.threads_per_rank} threads per rank" if args.threads_per_rank else ""
-    print(f"training throughput, device {args.device}{threads} (step time is the slowest rank's median)")
+    where = f", hosts {args.hosts}" if args.hosts else ""
+    wire = f", DataParallel compression {args.compression}" if args.compression != "none" else ""
+    print(f"training throughput, device {args.device}{threads}{where}{wire} (step time is the slowest rank's median)")
     print(f"{'model':<6} {'N':>2} {'library':<10} {'step ms':>9} {'samples/s':>10} {'wait share':>10} "
           f"{'scaling':>8} {'vs DDP':>7}")
     for r in rows:
@@ -160,6 +172,10 @@ def main() -> None:
     parser.add_argument("--ddp-backend", default="gloo", choices=["gloo", "nccl"])
     parser.add_argument("--threads-per-rank", type=int, default=0, help="CPU compute threads per rank (0: the "
                         "launcher's share of the cores)")
+    parser.add_argument("--hosts", default=None, help="one job on these hosts (macfleet launch --hosts) "
+                        "instead of --nprocs")
+    parser.add_argument("--launch-args", default="", help="more options for macfleet launch (with --hosts)")
+    parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"])
     parser.add_argument("--json", default=None)
     parser.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
