@@ -3,9 +3,10 @@
 A case with ``shared`` puts its input in ``macfleet.host_tensor`` memory (reduced in place
 where the ranks share memory). A case with ``compression`` (an all-reduce of floats) takes
 random normal inputs, which half precision cannot hold exactly: its result must be within a
-bound of the exact one and bit-identical on every rank. Every rank can rebuild every rank's input from the case seed, so the expected result is
-computed here in float64/int64 with plain torch, not with macfleet. Writes
-``OUT/rank-R.json`` with the failures found (an empty list when all cases are exact).
+bound of the exact one and bit-identical on every rank. Every rank can rebuild every rank's
+input from the case seed, so the expected result is computed here in float64/int64 with plain
+torch, not with macfleet. Writes ``OUT/rank-R.json`` with the failures found (an empty list
+when all cases are exact).
 """
 
 import json
@@ -54,7 +55,7 @@ def run(case, rank, world):
     if case.get("shared"):  # every rank allocates it, in the same order: a collective
         t = macfleet.host_tensor(t.numel(), t.dtype).copy_(t)
     if case.get("compression"):
-        return check_compressed(case, t, rank, world)
+        return check_compressed(case, t, world)
     if case["kind"] == "all_reduce":
         got = macfleet.all_reduce(t, case["op"])
     elif case["kind"] == "broadcast":
@@ -74,7 +75,7 @@ def run(case, rank, world):
     return None
 
 
-def check_compressed(case, t, rank, world):
+def check_compressed(case, t, world):
     got = macfleet.all_reduce(t, case["op"], compression=case["compression"])
     everyone = macfleet.all_gather(got)
     if not all(torch.equal(everyone[0], everyone[r]) for r in range(world)):
