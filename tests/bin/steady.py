@@ -20,7 +20,7 @@ ring = runtime().collectives.ring
 print("ENDPOINTS " + json.dumps({"rank": rank, "ring": ring.endpoints(),
                                  "coordinator": os.environ.get("MACFLEET_COORDINATOR")}), flush=True)
 wrong = iterations = 0
-sizes = [7, 1000, 300_000]  # latency path, one chunk, the pipelined ring
+sizes = [7, 1000, 300_000, 2_000_000]  # latency path, one chunk, the pipelined ring, zero-copy sends and settle
 while True:
     stop = macfleet.broadcast(torch.tensor([int(rank == 0 and os.path.exists(sys.argv[1]))]))
     if stop.item():
