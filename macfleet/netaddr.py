@@ -78,7 +78,8 @@ def _kernel_addresses() -> list[tuple[str, str]]:
             pairs.append((name, socket.inet_ntoa(ifreq[20:24])))
     try:
         with open("/proc/net/if_inet6") as lines:  # "fe80...0001 02 40 20 80 eth0"
-            pairs += [(f.split()[-1], str(ipaddress.IPv6Address(bytes.fromhex(f.split()[0])))) for f in lines]
+            for fields in (line.split() for line in lines):
+                pairs.append((fields[-1], str(ipaddress.IPv6Address(bytes.fromhex(fields[0])))))
     except OSError:
         pass
     return pairs

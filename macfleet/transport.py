@@ -253,14 +253,15 @@ class Ring:
         The word goes back on ``back(ch)``; a back channel that carried none of the op's data
         starts the op here. Every member calls this with the same channels (they follow from
         the tensor's size), so every settle word has its reader."""
-        for ch in {self.back(ch).id: self.back(ch) for ch in used}.values():
-            if ch not in used:
-                ch.begin(op)
-        for ch in used:
-            self.back(ch).send(b"", {"c": "settle", "of": ch.id.name})
-        for ch in used:  # ch's receiver answers on its own back(ch), which arrives on ours
-            self.back(ch).recv_header(0, {"c": "settle", "of": ch.id.name})
-            self.back(ch).recv_frame()
+        pairs = [(ch, self.back(ch)) for ch in used]  # one back channel per channel: no two share one
+        for _, back in pairs:
+            if back not in used:
+                back.begin(op)
+        for ch, back in pairs:
+            back.send(b"", {"c": "settle", "of": ch.id.name})
+        for ch, back in pairs:  # ch's receiver answers on its own back(ch), which arrives on ours
+            back.recv_header(0, {"c": "settle", "of": ch.id.name})
+            back.recv_frame()
 
     @property
     def dropped(self) -> int:
