@@ -16,13 +16,15 @@ import pytest
 import torch
 
 from macfleet.errors import CollectiveTimeout, ConfigError, JobAborted
-from macfleet.shm import LocalGroup
+from macfleet.shm import DIRECT_BYTES, LocalGroup
 from macfleet.transport import Liveness
 
 
-def make_groups(tmp_path, size: int, slot_bytes: int = 4096, timeout_s: float = 10.0) -> list[LocalGroup]:
+def make_groups(tmp_path, size: int, slot_bytes: int = 4096, timeout_s: float = 10.0,
+                direct_bytes: int = DIRECT_BYTES) -> list[LocalGroup]:
     liveness = Liveness()
-    groups = [LocalGroup(str(tmp_path), "job", 0, size, i, slot_bytes, liveness, timeout_s) for i in range(size)]
+    groups = [LocalGroup(str(tmp_path), "job", 0, size, i, slot_bytes, liveness, timeout_s, direct_bytes)
+              for i in range(size)]
     with ThreadPoolExecutor(size) as pool:
         list(pool.map(LocalGroup.attach, groups))  # attach ends with a barrier: all must map the segment
     return groups
@@ -34,17 +36,33 @@ def close_all(groups: list[LocalGroup]) -> None:
 
 
 @pytest.mark.parametrize("size", [2, 3, 5])
-def test_ranks_reduce_exactly_over_many_pipelined_rounds(tmp_path, size: int) -> None:
-    groups = make_groups(tmp_path, size, slot_bytes=256)  # 64 floats a round: 1000 elements take 16 rounds
+@pytest.mark.parametrize("direct_bytes", [0, DIRECT_BYTES], ids=["own-share-from-src", "all-through-slots"])
+def test_ranks_reduce_exactly_over_many_pipelined_rounds(tmp_path, size: int, direct_bytes: int) -> None:
+    """direct_bytes=0: each rank reads its own share from its tensor and writes the result
+    straight back (what tensors over 1 MiB do); the default sends these small ones through the
+    slots. 3 elements on 5 ranks leave some ranks no share at all."""
+    groups = make_groups(tmp_path, size, slot_bytes=256, direct_bytes=direct_bytes)  # 64 floats a round
     assert not os.path.exists(groups[0].path)  # unlinked once everyone mapped it
-    inputs = [torch.randint(-50, 50, (1000,)).float() for _ in range(size)]
-    outs = [torch.empty(1000) for _ in range(size)]
+
+    def on_every_rank(call) -> None:
+        with ThreadPoolExecutor(size) as pool:
+            list(pool.map(call, range(size)))
+
     try:
-        for op, want in (("sum", torch.stack(inputs).sum(0)), ("max", torch.stack(inputs).amax(0))):
-            with ThreadPoolExecutor(size) as pool:
-                list(pool.map(lambda i, op=op: groups[i].all_reduce(inputs[i], outs[i], op), range(size)))
-            for out in outs:
-                assert torch.equal(out, want), op
+        for numel in (1000, 3):  # 1000 elements take 16 rounds, the last one short
+            inputs = [torch.randint(-50, 50, (numel,)).float() for _ in range(size)]
+            kept = [x.clone() for x in inputs]
+            stacked = torch.stack(inputs)
+            for op, want in (("sum", stacked.sum(0)), ("max", stacked.amax(0)), ("min", stacked.amin(0))):
+                outs = [torch.empty(numel) for _ in range(size)]
+                on_every_rank(lambda i, op=op, outs=outs: groups[i].all_reduce(inputs[i], outs[i], op))
+                for out in outs:
+                    assert torch.equal(out, want), (op, numel)
+            assert all(torch.equal(x, k) for x, k in zip(inputs, kept, strict=True))  # the sources are only read
+            # in place (the result over the source), averaged in the same pass
+            on_every_rank(lambda i: groups[i].all_reduce(inputs[i], inputs[i], "sum", divide_by=size))
+            for x in inputs:
+                assert torch.equal(x, stacked.sum(0) / size), numel
     finally:
         close_all(groups)
 
