@@ -15,7 +15,7 @@ mf() { python3 -m macfleet.launcher.cli "$@"; }
 bytes_of() { python3 -c "import sys; from macfleet.workers.benchallreduce import parse_size; print(parse_size(sys.argv[1]))" "$1"; }  # 4M -> 4194304
 nproc; lscpu | grep -E "Model name|L3|NUMA node\(s\)"; python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))"
 if [ "$part" = allreduce ] || [ "$part" = all ]; then
-  for n in 2 4 8; do
+  for n in ${NPROCS:-2 4 8}; do
     mf bench allreduce --nproc $n --sizes 4K,1M,16M,64M,256M --budget 1 --json $OUT/allreduce_shm_$n.json
     mf bench allreduce --nproc $n --sizes 4K,1M,16M,64M,256M --budget 1 --shared-tensors --json $OUT/allreduce_shared_$n.json
     MACFLEET_SHM=0 mf bench allreduce --nproc $n --sizes 4K,1M,16M,64M,256M --budget 1 --json $OUT/allreduce_tcp_$n.json
