@@ -177,9 +177,9 @@ class LocalGroup:
         direct = (src.device.type == "cpu" and src.dtype == out.dtype
                   and src.numel() * src.element_size() > self.direct_bytes)
         self._copy_in(first, src, out.dtype, rounds[0], direct)
-        for t, (start, stop) in enumerate(rounds):
+        for t, span in enumerate(rounds):
             self.barrier()
-            self._reduce_share(first + t, src, out, rounds[t], op, divide_by, direct)
+            self._reduce_share(first + t, src, out, span, op, divide_by, direct)
             if t > 0:
                 self._copy_out(first + t - 1, out, rounds[t - 1], direct)
             if t + 1 < len(rounds):

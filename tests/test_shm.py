@@ -55,12 +55,12 @@ def test_ranks_reduce_exactly_over_many_pipelined_rounds(tmp_path, size: int, di
             stacked = torch.stack(inputs)
             for op, want in (("sum", stacked.sum(0)), ("max", stacked.amax(0)), ("min", stacked.amin(0))):
                 outs = [torch.empty(numel) for _ in range(size)]
-                on_every_rank(lambda i, op=op, outs=outs: groups[i].all_reduce(inputs[i], outs[i], op))
+                on_every_rank(lambda i, op=op, outs=outs, inputs=inputs: groups[i].all_reduce(inputs[i], outs[i], op))
                 for out in outs:
                     assert torch.equal(out, want), (op, numel)
             assert all(torch.equal(x, k) for x, k in zip(inputs, kept, strict=True))  # the sources are only read
             # in place (the result over the source), averaged in the same pass
-            on_every_rank(lambda i: groups[i].all_reduce(inputs[i], inputs[i], "sum", divide_by=size))
+            on_every_rank(lambda i, inputs=inputs: groups[i].all_reduce(inputs[i], inputs[i], "sum", divide_by=size))
             for x in inputs:
                 assert torch.equal(x, stacked.sum(0) / size), numel
     finally:
