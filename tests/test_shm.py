@@ -59,6 +59,11 @@ def test_ranks_reduce_exactly_over_many_pipelined_rounds(tmp_path, size: int, di
                 for out in outs:
                     assert torch.equal(out, want), (op, numel)
             assert all(torch.equal(x, k) for x, k in zip(inputs, kept, strict=True))  # the sources are only read
+            # half precision is reduced in float32: the slot converts it, own share included
+            halves = [x.half() for x in inputs]
+            outs = [torch.empty(numel) for _ in range(size)]
+            on_every_rank(lambda i, outs=outs, halves=halves: groups[i].all_reduce(halves[i], outs[i], "sum"))
+            assert all(torch.equal(out, stacked.sum(0)) for out in outs), numel
             # in place (the result over the source), averaged in the same pass
             on_every_rank(lambda i, inputs=inputs: groups[i].all_reduce(inputs[i], inputs[i], "sum", divide_by=size))
             for x in inputs:

@@ -20,10 +20,13 @@ macfleet.init()
 rank, world, dev = macfleet.rank(), macfleet.world_size(), macfleet.device()
 out = {"rank": rank, "device": str(dev)}
 for dtype in (torch.float32, torch.float16, torch.bfloat16):
-    t = (torch.arange(100_003, device=dev) % 5).to(dtype) + rank
-    macfleet.all_reduce(t)
-    want = ((torch.arange(100_003) % 5).double() * world + sum(range(world))).to(dtype)
-    out[f"all_reduce_{dtype}"] = bool(torch.equal(t.cpu(), want)) and t.device.type == "cuda"
+    ok = True
+    for numel in (100_003, 600_001):  # the larger one is over 1 MiB in float32 (one call per rank's row)
+        t = (torch.arange(numel, device=dev) % 5).to(dtype) + rank
+        macfleet.all_reduce(t)
+        want = ((torch.arange(numel) % 5).double() * world + sum(range(world))).to(dtype)
+        ok = ok and bool(torch.equal(t.cpu(), want)) and t.device.type == "cuda"
+    out[f"all_reduce_{dtype}"] = ok
 b = torch.full((7,), float(rank), device=dev)
 macfleet.broadcast(b, 1 % world)
 out["broadcast"] = bool((b.cpu() == 1 % world).all())
