@@ -2,9 +2,10 @@
 
 On Apple silicon memory moves at 100-800 GB/s while loopback TCP moves a few, so the ranks
 that share a Mac reduce through one shared segment: each rank copies its tensor into its own
-slot, waits at a barrier, reduces its share of the elements across every slot (one strided
-pass) into a result slot, and copies the result out. Every element is reduced by one rank,
-so all ranks get the same bits. Rounds of one slot are pipelined over two buffers.
+slot, waits at a barrier, reduces its share of the elements across every slot into a result
+slot, and copies the result out (a tensor over 1 MiB keeps the rank's own share where it is:
+only that rank reads it). Every element is reduced by one rank, so all ranks get the same
+bits. Rounds of one slot are pipelined over two buffers.
 
 The barrier is a row of counters at the head of the segment, one cache line per rank: a rank
 arrives by writing its barrier count and waits until every count has reached it. A socket
@@ -262,9 +263,9 @@ class LocalGroup:
         start, stop = span
         buf, n = round_ % 2, stop - start
         a, b = split_evenly(n, self.size)[self.index]
-        result = self.slot(buf, self.size, out.dtype, n)
-        if a == b:
+        if a == b:  # fewer elements than ranks: nothing of this round is ours
             return
+        result = self.slot(buf, self.size, out.dtype, n)
         if not direct and n * out.element_size() <= self.direct_bytes:  # a small round: one call, not one per row
             self._reduce_rows(self.slots(buf, out.dtype)[:, :n], result.unsqueeze(0), (a, b), op, divide_by)
             return
