@@ -165,8 +165,7 @@ class LocalGroup:
         self.in_place = bool(self._allocated) and self._agree_on(shared)
         if self.in_place:
             assert shared is not None
-            self._reduce_rows(shared.rows, shared.rows, split_evenly(out.numel(), self.size)[self.index], op,
-                              divide_by)
+            self._reduce_rows(shared.rows, shared.rows, self._share(out.numel()), op, divide_by)
             self.barrier()  # every share of every row is final
             return
         per_round = self.slot_bytes // out.dtype.itemsize
@@ -228,6 +227,10 @@ class LocalGroup:
         weakref.finalize(mine, self._shared.pop, mine.data_ptr(), None).atexit = False
         return mine
 
+    def _share(self, n: int) -> tuple[int, int]:
+        """The elements of ``n`` that this rank reduces (the same split on every rank)."""
+        return split_evenly(n, self.size)[self.index]
+
     def _copy_in(self, round_: int, src: torch.Tensor, dtype: torch.dtype, span: tuple[int, int],
                  direct: bool) -> None:
         """The round's elements into this rank's slot (in the working dtype: half precision is
@@ -237,9 +240,7 @@ class LocalGroup:
         if not direct:
             slot.copy_(src[start:stop])
             return
-        a, b = split_evenly(stop - start, self.size)[self.index]
-        _copy_unless_empty(slot[:a], src[start:start + a])
-        _copy_unless_empty(slot[b:], src[start + b:stop])
+        _copy_all_but(slot, src[start:stop], self._share(stop - start))
 
     def _copy_out(self, round_: int, out: torch.Tensor, span: tuple[int, int], direct: bool) -> None:
         """The round's result into ``out``; only the others' shares when ``direct`` (ours is
@@ -249,9 +250,7 @@ class LocalGroup:
         if not direct:
             out[start:stop].copy_(result)
             return
-        a, b = split_evenly(stop - start, self.size)[self.index]
-        _copy_unless_empty(out[start:start + a], result[:a])
-        _copy_unless_empty(out[start + b:stop], result[b:])
+        _copy_all_but(out[start:stop], result, self._share(stop - start))
 
     def _reduce_share(self, round_: int, src: torch.Tensor, out: torch.Tensor, span: tuple[int, int], op: str,
                       divide_by: int, direct: bool) -> None:
@@ -262,7 +261,7 @@ class LocalGroup:
         than cache misses on 16 cores (benchmarks/results/2026-11-22-session8)."""
         start, stop = span
         buf, n = round_ % 2, stop - start
-        a, b = split_evenly(n, self.size)[self.index]
+        a, b = self._share(n)
         if a == b:  # fewer elements than ranks: nothing of this round is ours
             return
         result = self.slot(buf, self.size, out.dtype, n)
@@ -350,9 +349,14 @@ def _combine(rows: list[torch.Tensor], result: torch.Tensor, op: str) -> None:
         fn(result, row, out=result)
 
 
-def _copy_unless_empty(dst: torch.Tensor, src: torch.Tensor) -> None:
-    if dst.numel():  # the first and the last rank's shares leave one side empty
-        dst.copy_(src)
+def _copy_all_but(dst: torch.Tensor, src: torch.Tensor, share: tuple[int, int]) -> None:
+    """``dst`` = ``src`` outside ``share`` (a rank's own elements, which it keeps where they are).
+    The first and the last rank's shares leave one side empty: no call for it."""
+    a, b = share
+    if a > 0:
+        dst[:a].copy_(src[:a])
+    if b < dst.numel():
+        dst[b:].copy_(src[b:])
 
 
 def _create(path: str, nbytes: int) -> int:
