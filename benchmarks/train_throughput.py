@@ -24,7 +24,11 @@ same size, as a deep network spreads them (batch 128 per rank).
 
 Each job also times the bare model in the same processes with no gradient exchange at all
 (``local``): how fast N ranks can train on this machine if communication were free, the
-ceiling for scaling.
+ceiling for scaling. "of bare" is a library's throughput over the bare model's at the same N:
+what the exchange costs, apart from how well the machine itself runs N ranks at once.
+
+The three take their timed steps in turns (round robin, a few steps each), not one after
+another, so that a slow spell of a shared machine does not fall on one of them only.
 
 ``--hosts`` runs one job across machines instead (``macfleet launch --hosts``, plus
 ``--launch-args``, e.g. ssh options); ``benchmarks/emulated_links.py --train`` uses it between
@@ -41,7 +45,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 MODELS = {"cnn": 64, "large": 128, "deep": 128}  # name -> per-rank batch
 
@@ -67,22 +73,47 @@ def build(name: str):
     return model, shape
 
 
-def timed_steps(model, opt, x, y, steps: int, sync, wait_of=None) -> tuple[float, float]:
-    """Median step time and median wait-after-backward (seconds) over ``steps`` steps."""
-    from torch.nn import functional as F
+@dataclass
+class Contender:
+    """One way of training the model, with the times of its steps."""
 
-    times, waits = [], []
-    for i in range(steps + 3):  # three warm-up steps (buffers, buckets, connections)
+    library: str
+    model: Any
+    opt: Any
+    wait_of: Callable[[], float] | None = None  # the last step's wait after backward (macfleet only)
+    times: list[float] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+
+    def step(self, x, y, sync) -> float:
+        from torch.nn import functional as F
+
         sync()
         started = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        F.cross_entropy(self.model(x), y).backward()
+        self.opt.step()
         sync()
-        if i >= 3:
-            times.append(time.perf_counter() - started)
-            waits.append(wait_of() if wait_of else 0.0)
-    return sorted(times)[len(times) // 2], sorted(waits)[len(waits) // 2]
+        return time.perf_counter() - started
+
+    def medians(self) -> tuple[float, float]:
+        """Median step time and median wait-after-backward (seconds)."""
+        return sorted(self.times)[len(self.times) // 2], sorted(self.waits)[len(self.waits) // 2]
+
+
+def interleaved(contenders: list[Contender], x, y, steps: int, sync, blocks: int = 4) -> None:
+    """``steps`` timed steps of each contender, in ``blocks`` turns taken round robin (each turn
+    starting with the next one), so that a slow spell of a shared machine falls on all of them
+    alike instead of on whichever happened to run then. Three untimed steps each first
+    (buffers, buckets, connections)."""
+    for c in contenders:
+        for _ in range(3):
+            c.step(x, y, sync)
+    per_turn = -(-steps // blocks)
+    for b in range(blocks):
+        for c in contenders[b % len(contenders):] + contenders[:b % len(contenders)]:
+            for _ in range(per_turn):
+                c.times.append(c.step(x, y, sync))
+                c.waits.append(c.wait_of() if c.wait_of else 0.0)
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -106,21 +137,23 @@ def rank_main(args: argparse.Namespace) -> None:
         y = torch.randint(0, 10, (batch,), generator=g).to(device)
         params = sum(p.numel() for p in model.parameters())
         mf = macfleet.DataParallel(build(name)[0].to(device), compression=args.compression)
-        step, wait = timed_steps(mf, torch.optim.SGD(mf.parameters(), lr=0.01), x, y, args.steps, sync,
-                                 lambda model=mf: model.last_wait_s)
-        ddp_model = build(name)[0].to(device)
-        ddp = torch.nn.parallel.DistributedDataParallel(ddp_model, device_ids=[device.index] if device.type == "cuda" else None)
-        ddp_step, _ = timed_steps(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), x, y, args.steps, sync)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            build(name)[0].to(device), device_ids=[device.index] if device.type == "cuda" else None)
         bare = build(name)[0].to(device)
-        local_step, _ = timed_steps(bare, torch.optim.SGD(bare.parameters(), lr=0.01), x, y, args.steps, sync)
-        for library, seconds, waited in (("macfleet", step, wait), (f"ddp-{args.ddp_backend}", ddp_step, None),
-                                         ("local", local_step, None)):
+        contenders = [Contender("macfleet", mf, torch.optim.SGD(mf.parameters(), lr=0.01),
+                                lambda model=mf: model.last_wait_s),
+                      Contender(f"ddp-{args.ddp_backend}", ddp, torch.optim.SGD(ddp.parameters(), lr=0.01)),
+                      Contender("local", bare, torch.optim.SGD(bare.parameters(), lr=0.01))]
+        interleaved(contenders, x, y, args.steps, sync)
+        for c in contenders:
+            library, (seconds, waited) = c.library, c.medians()
+            waited = waited if c.wait_of else None
             worst = torch.tensor([seconds], dtype=torch.float64)
             macfleet.all_reduce(worst, "max")  # a step is as slow as its slowest rank
             results.append({"model": name, "params": params, "batch": batch, "library": library, "world": world,
                             "step_s": worst.item(), "samples_s": batch * world / worst.item(),
                             "wait_share": None if waited is None else waited / seconds})
-        del mf, ddp, bare
+        del mf, ddp, bare, contenders
     if rank == 0 and args.out:
         Path(args.out).write_text(json.dumps(results))
     dist.destroy_process_group()
@@ -142,23 +175,27 @@ def orchestrate(args: argparse.Namespace) -> None:
             subprocess.run(command, check=True)
             rows += json.loads(out.read_text())
     base = {(r["model"], r["library"]): r["samples_s"] for r in rows if r["world"] == 1}
+    bare = {(r["model"], r["world"]): r["samples_s"] for r in rows if r["library"] == "local"}
     for r in rows:
         one = base.get((r["model"], r["library"]))
         r["scaling_efficiency"] = r["samples_s"] / (r["world"] * one) if one else None
+        ceiling = bare.get((r["model"], r["world"]))
+        r["of_bare"] = r["samples_s"] / ceiling if ceiling and r["library"] != "local" else None
     threads = f", {args.threads_per_rank} threads per rank" if args.threads_per_rank else ""
     where = f", hosts {args.hosts}" if args.hosts else ""
     wire = f", DataParallel compression {args.compression}" if args.compression != "none" else ""
     print(f"training throughput, device {args.device}{threads}{where}{wire} (step time is the slowest rank's median)")
     print(f"{'model':<6} {'N':>2} {'library':<10} {'step ms':>9} {'samples/s':>10} {'wait share':>10} "
-          f"{'scaling':>8} {'vs DDP':>7}")
+          f"{'scaling':>8} {'of bare':>8} {'vs DDP':>7}")
     for r in rows:
         ddp = next((d for d in rows if d["model"] == r["model"] and d["world"] == r["world"]
                     and d["library"].startswith("ddp")), None)
         ratio = f"{ddp['step_s'] / r['step_s']:.2f}x" if ddp and r["library"] == "macfleet" else ""
         wait = f"{r['wait_share']:.0%}" if r["wait_share"] is not None else ""
         eff = f"{r['scaling_efficiency']:.0%}" if r["scaling_efficiency"] is not None else ""
+        of_bare = f"{r['of_bare']:.0%}" if r["of_bare"] is not None else ""
         print(f"{r['model']:<6} {r['world']:>2} {r['library']:<10} {r['step_s'] * 1e3:>9.1f} {r['samples_s']:>10.0f} "
-              f"{wait:>10} {eff:>8} {ratio:>7}")
+              f"{wait:>10} {eff:>8} {of_bare:>8} {ratio:>7}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
