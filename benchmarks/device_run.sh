@@ -2,6 +2,8 @@
 # One batch of measurements on the device machine (CUDA standing in for Metal, 16 cores).
 # Usage there: bash benchmarks/device_run.sh PART   (PART: allreduce | gpu | train | all; tuning: slots | chunks | parts)
 # For the NCCL ceiling (one process per GPU), on a 2-GPU machine: bash benchmarks/device_run.sh nccl
+# NPROCS="2 4" picks the rank counts of allreduce (8 alone fits the 10-minute limit); THREADS="4 2 1" the
+# threads per rank of train's CPU runs.
 set -u
 part=${1:-all}
 OUT=${OUT:-/tmp/out}
@@ -48,8 +50,10 @@ if [ "$part" = gpu ] || [ "$part" = all ]; then
 fi
 if [ "$part" = train ] || [ "$part" = all ]; then
   python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2,4 --device cpu --steps 20 --json $OUT/train_cpu.json
-  python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2,4 --device cpu --threads-per-rank 4 --steps 20 \
-    --json $OUT/train_cpu_4threads.json
+  for k in ${THREADS:-4}; do  # 40 steps: single steps of this shared machine vary up to 2x
+    python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2,4 --device cpu --threads-per-rank $k --steps 40 \
+      --models large,deep --json $OUT/train_cpu_${k}threads.json
+  done
   python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2,4 --device cuda --steps 30 --json $OUT/train_cuda.json
 fi
 if [ "$part" = nccl ]; then
