@@ -108,10 +108,9 @@ def interleaved(contenders: list[Contender], x, y, steps: int, sync, blocks: int
     for c in contenders:
         for _ in range(3):
             c.step(x, y, sync)
-    per_turn = -(-steps // blocks)
     for b in range(blocks):
         for c in contenders[b % len(contenders):] + contenders[:b % len(contenders)]:
-            for _ in range(per_turn):
+            for _ in range(steps // blocks + (b < steps % blocks)):
                 c.times.append(c.step(x, y, sync))
                 c.waits.append(c.wait_of() if c.wait_of else 0.0)
 
@@ -218,6 +217,8 @@ def main() -> None:
     parser.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
     rank_main(args) if args.rank_mode else orchestrate(args)
 
 
