@@ -31,7 +31,8 @@ def reference(case: str) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-@pytest.mark.parametrize("case", ["buckets", "single", "order", "no_sync", "unused-allowed", "fp16", "bf16"])
+@pytest.mark.parametrize("case", ["buckets", "single", "order", "no_sync", "unused-allowed", "fp16", "bf16",
+                                  "zero-in-place"])
 def test_data_parallel_matches_the_whole_batch(tmp_path, case: str) -> None:
     out = tmp_path / "params.pt"
     # compression casts what crosses the network; ranks of one host share float32 memory

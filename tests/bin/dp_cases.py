@@ -4,7 +4,9 @@ Cases: ``buckets`` (one bucket per module), ``single`` (default bucket sizes: th
 model in one bucket, averaged on the thread that ran backward), ``order`` (ranks make gradients ready in
 opposite orders), ``no_sync`` (two micro-batches per step), ``unused`` / ``unused-allowed``
 (a parameter that gets no gradient; ``unused-single`` in one bucket), ``fp16`` / ``bf16`` (wire compression), ``buffers``
-(BatchNorm statistics broadcast from rank 0). Rank 0 saves its parameters to OUT.
+(BatchNorm statistics broadcast from rank 0), ``zero-in-place`` (``zero_grad(set_to_none=False)``:
+gradients stay the buckets' views, and backward accumulates into them). Rank 0 saves its
+parameters to OUT.
 """
 
 import os
@@ -91,7 +93,7 @@ def main():
     shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
     xs, ys = x[shard], y[shard]
     for _ in range(STEPS):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=case != "zero-in-place")
         if case == "no_sync":
             half = len(xs) // 2
             with model.no_sync():
@@ -103,6 +105,8 @@ def main():
     if world > 1 and case != "buffers" and os.environ.get("MACFLEET_SHM") != "0":
         # one host's ranks keep their buckets in memory they share and reduce them where they are
         assert runtime().collectives.last_algorithm == "shared memory, in place"
+    if case == "zero-in-place":  # nothing replaced the views, so nothing was copied into the buckets
+        assert all(p.grad.data_ptr() == b.view(k).data_ptr() for b in model.buckets for k, p in enumerate(b.params))
     if case == "buffers":  # the same input everywhere after rank 0's buffers arrive: identical buffers
         model(x)
         mean = model.module.net[1].running_mean
