@@ -47,6 +47,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median_high  # sorted(xs)[len(xs) // 2], as before
 from typing import Any, Callable
 
 MODELS = {"cnn": 64, "large": 128, "deep": 128}  # name -> per-rank batch
@@ -95,9 +96,9 @@ class Contender:
         sync()
         return time.perf_counter() - started
 
-    def medians(self) -> tuple[float, float]:
-        """Median step time and median wait-after-backward (seconds)."""
-        return sorted(self.times)[len(self.times) // 2], sorted(self.waits)[len(self.waits) // 2]
+    def medians(self) -> tuple[float, float | None]:
+        """Median step time and median wait-after-backward (seconds; None without ``wait_of``)."""
+        return median_high(self.times), median_high(self.waits) if self.waits else None
 
 
 def interleaved(contenders: list[Contender], x, y, steps: int, sync, blocks: int = 4) -> None:
@@ -112,7 +113,8 @@ def interleaved(contenders: list[Contender], x, y, steps: int, sync, blocks: int
         for c in contenders[b % len(contenders):] + contenders[:b % len(contenders)]:
             for _ in range(steps // blocks + (b < steps % blocks)):
                 c.times.append(c.step(x, y, sync))
-                c.waits.append(c.wait_of() if c.wait_of else 0.0)
+                if c.wait_of:
+                    c.waits.append(c.wait_of())
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -130,26 +132,25 @@ def rank_main(args: argparse.Namespace) -> None:
     results = []
     for name in args.models.split(","):
         batch = MODELS[name]
-        model, shape = build(name)
+        bare, shape = build(name)  # every build starts from the same seed: equal models
+        bare = bare.to(device)
         g = torch.Generator().manual_seed(rank)
         x = torch.randn(batch, *shape, generator=g).to(device)
         y = torch.randint(0, 10, (batch,), generator=g).to(device)
-        params = sum(p.numel() for p in model.parameters())
+        params = sum(p.numel() for p in bare.parameters())
         mf = macfleet.DataParallel(build(name)[0].to(device), compression=args.compression)
         ddp = torch.nn.parallel.DistributedDataParallel(
             build(name)[0].to(device), device_ids=[device.index] if device.type == "cuda" else None)
-        bare = build(name)[0].to(device)
         contenders = [Contender("macfleet", mf, torch.optim.SGD(mf.parameters(), lr=0.01),
                                 lambda model=mf: model.last_wait_s),
                       Contender(f"ddp-{args.ddp_backend}", ddp, torch.optim.SGD(ddp.parameters(), lr=0.01)),
                       Contender("local", bare, torch.optim.SGD(bare.parameters(), lr=0.01))]
         interleaved(contenders, x, y, args.steps, sync)
         for c in contenders:
-            library, (seconds, waited) = c.library, c.medians()
-            waited = waited if c.wait_of else None
+            seconds, waited = c.medians()
             worst = torch.tensor([seconds], dtype=torch.float64)
             macfleet.all_reduce(worst, "max")  # a step is as slow as its slowest rank
-            results.append({"model": name, "params": params, "batch": batch, "library": library, "world": world,
+            results.append({"model": name, "params": params, "batch": batch, "library": c.library, "world": world,
                             "step_s": worst.item(), "samples_s": batch * world / worst.item(),
                             "wait_share": None if waited is None else waited / seconds,
                             "rank0_steps_s": c.times})  # in the order taken: a slow spell shows as a run
