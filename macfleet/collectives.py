@@ -29,7 +29,7 @@ import torch
 from macfleet import hostops
 from macfleet.backends import check_tensor
 from macfleet.errors import ConfigError
-from macfleet.shm import LocalGroup, split_evenly
+from macfleet.shm import LocalGroup, Signature, split_evenly
 from macfleet.transport import Channel, Ring
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
@@ -117,7 +117,7 @@ class Collectives:
             raise ConfigError(f"all_reduce op 'avg' needs a floating-point tensor; {name} is {tensor.dtype}")
         work_dtype = WORK_DTYPE.get(tensor.dtype, tensor.dtype)
         numel = tensor.numel()
-        with self._collective("all_reduce", numel * work_dtype.itemsize) as op_id:
+        with self._collective("all_reduce", numel * work_dtype.itemsize, tensor, op) as op_id:
             if numel == 0:
                 return tensor
             # A contiguous host tensor already in the working dtype is reduced in its own memory;
@@ -149,7 +149,7 @@ class Collectives:
         self._check(tensor, name)
         if not 0 <= src < self.world:
             raise ConfigError(f"broadcast src={src} is not a rank of this job (world size {self.world})")
-        with self._collective("broadcast", tensor.numel() * tensor.element_size()) as op_id:
+        with self._collective("broadcast", tensor.numel() * tensor.element_size(), tensor) as op_id:
             if tensor.numel() == 0:
                 return tensor
             work, raw = self._host.get("broadcast", tensor.numel(), tensor.dtype)
@@ -174,7 +174,7 @@ class Collectives:
         """Every rank's tensor, stacked: a new tensor of shape ``(world, *tensor.shape)``."""
         self._check(tensor, name)
         out = torch.empty((self.world, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
-        with self._collective("all_gather", self.world * tensor.numel() * tensor.element_size()) as op_id:
+        with self._collective("all_gather", self.world * tensor.numel() * tensor.element_size(), tensor) as op_id:
             if tensor.numel() == 0:
                 return out
             blocks, raw = self._host.get("gather", self.world * tensor.numel(), tensor.dtype)
@@ -189,8 +189,10 @@ class Collectives:
         """A zeroed flat host tensor that ``all_reduce`` reduces without copying it in or out
         where this host's ranks share memory (``LocalGroup.shared_tensor``); a plain one
         elsewhere. A collective: every rank calls it in the same order with the same size."""
-        if self.shared_memory and self.local is not None and numel > 0:
-            with self._lock:  # its barriers must not interleave with a collective on another thread
+        with self._lock:  # its barriers must not interleave with a collective on another thread
+            op_id = self.next_op()  # drawn with shared memory or without, so numbers agree across hosts
+            if self.shared_memory and self.local is not None and numel > 0:
+                self.local.announce(Signature(op_id, "shared_tensor", numel, dtype))
                 return self.local.shared_tensor(numel, dtype)
         return torch.zeros(numel, dtype=dtype)
 
@@ -363,12 +365,15 @@ class Collectives:
 
     # -- helpers ----------------------------------------------------------------------------
     @contextmanager
-    def _collective(self, kind: str, nbytes: int) -> Iterator[int]:
+    def _collective(self, kind: str, nbytes: int, tensor: torch.Tensor, reduce_op: str = "") -> Iterator[int]:
         """One collective at a time, in issue order; what we are in is visible to the heartbeat
-        (the coordinator's stall report names who waits on whom). A small one (``nbytes``) does
-        its arithmetic on this thread alone."""
+        (the coordinator's stall report names who waits on whom) and to this host's other ranks
+        (``LocalGroup.announce``: ranks in different collectives fail instead of mixing bytes).
+        A small one (``nbytes``) does its arithmetic on this thread alone."""
         with self._lock, hostops.threads_for(nbytes, self.inline_bytes):
             op_id = self.next_op()
+            if self.local is not None:
+                self.local.announce(Signature(op_id, kind, tensor.numel(), tensor.dtype, reduce_op))
             self.current = (kind, op_id, time.monotonic())
             try:
                 yield op_id

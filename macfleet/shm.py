@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from macfleet.errors import CollectiveTimeout, ConfigError
+from macfleet.errors import CollectiveTimeout, ConfigError, ProtocolError
 from macfleet.transport import Liveness
 
 ALIGN = 64
@@ -38,12 +38,43 @@ PAUSE_S = 0.0002
 CHECK_S = 0.1  # how often a wait looks at the abort flag and the deadline
 DIRECT_BYTES = 1 << 20  # above this a rank's own share skips its slot and rows are added one call each
 
-# A rank's control line: its barrier count, then what it brings to the all-reduce in progress
-# (the shared tensor's key, 0 for none, and its length), read by the others after a barrier.
-COUNT, KEY, NUMEL = 0, 1, 2
+# A rank's control line: its barrier count; what it brings to the all-reduce in progress (the
+# shared tensor's key, 0 for none, and its length), read by the others after a barrier; and the
+# collective it is in (``announce``): a version, odd while being written, then the collective.
+COUNT, KEY, NUMEL, VERSION, OP, WHAT, ELEMENTS = 0, 1, 2, 3, 4, 5, 6
 LINE = ALIGN // 8  # words of one control line
 
 _ordering = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The collective a rank is in. Every rank of a host must be in the same one: ranks that
+    are not would read each other's bytes as their own, or wait at barriers that never match."""
+
+    op: int  # the collective's number; every rank draws them in the same order
+    kind: str  # one of KINDS
+    numel: int
+    dtype: torch.dtype
+    reduce_op: str = ""  # one of REDUCE_OPS
+
+    KINDS = ("all_reduce", "broadcast", "all_gather", "shared_tensor")
+    REDUCE_OPS = ("", "sum", "avg", "max", "min")
+    DTYPES = tuple(sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str))
+
+    def words(self) -> tuple[int, int, int]:
+        """(OP, WHAT, ELEMENTS) of a control line."""
+        what = (self.KINDS.index(self.kind) << 32) | (self.DTYPES.index(self.dtype) << 16) | \
+            self.REDUCE_OPS.index(self.reduce_op)
+        return self.op, what, self.numel
+
+    @classmethod
+    def from_words(cls, op: int, what: int, numel: int) -> Signature:
+        return cls(op, cls.KINDS[what >> 32], numel, cls.DTYPES[(what >> 16) & 0xFFFF], cls.REDUCE_OPS[what & 0xFFFF])
+
+    def __str__(self) -> str:
+        what = f"{self.kind} of {self.numel} {str(self.dtype).removeprefix('torch.')}"
+        return f"{what} ({self.reduce_op})" if self.reduce_op else what
 
 
 @dataclass
@@ -81,6 +112,8 @@ class LocalGroup:
         self._shared: dict[int, SharedTensor] = {}  # by the data_ptr of this rank's row
         self._allocated = 0  # shared tensors so far: the same count on every local rank
         self._scratch = torch.empty(0)
+        self._announced: Signature | None = None
+        self._unchecked = False  # whether the first barrier since the announcement is still to come
         self.in_place = False  # whether the last all_reduce reduced shared tensors where they are
         # the barrier counters first: one 64-byte line each, so no two ranks write to one line
         self._control = -(-size * ALIGN // PAGE) * PAGE
@@ -121,12 +154,74 @@ class LocalGroup:
             if now >= next_check:
                 next_check = now + CHECK_S
                 self.liveness.check()
+                late = [i for i in range(self.size) if counters[i * stride + COUNT] < gen]
+                self._check_late(late)
                 if now - started > self.timeout_s:
-                    late = [i for i in range(self.size) if counters[i * stride + COUNT] < gen]
                     raise CollectiveTimeout(
                         f"local rank {self.index}: local ranks {late} of this host did not reach a barrier "
                         f"within {self.timeout_s:.0f} s")
         _fence()  # the counters, then what the others wrote
+        if self._unchecked:
+            self._unchecked = False
+            self._check_agreement()
+
+    # -- agreement ----------------------------------------------------------------------------
+    def announce(self, signature: Signature) -> None:
+        """Publish the collective this rank is entering, before its first barrier. After that
+        barrier every rank compares what all announced (so mismatched sizes, dtypes or ops are
+        an error, never a mix of each other's bytes), and a rank waiting for late ones looks at
+        theirs to tell a rank that is behind from one in another collective."""
+        assert self._counters is not None
+        counters, line = self._counters, self.index * LINE
+        counters[line + VERSION] += 1  # odd: a reader that sees it skips the line
+        _fence()
+        counters[line + OP], counters[line + WHAT], counters[line + ELEMENTS] = signature.words()
+        _fence()
+        counters[line + VERSION] += 1
+        self._announced, self._unchecked = signature, True
+
+    def _check_agreement(self) -> None:
+        """After the first barrier of a collective: every rank announced before arriving, and
+        none can announce again before this collective's last barrier, so the lines hold still."""
+        assert self._counters is not None and self._announced is not None
+        counters, mine = self._counters, self._announced.words()
+        for i in range(self.size):
+            line = i * LINE
+            if (counters[line + OP], counters[line + WHAT], counters[line + ELEMENTS]) != mine \
+                    and counters[line + VERSION]:
+                self._disagree(i, waiting=False)
+
+    def _check_late(self, late: list[int]) -> None:
+        """A late rank that announced this collective differently, or a later one, is not
+        behind: it is somewhere this rank will never meet it."""
+        if self._announced is None:
+            return
+        for i in late:
+            theirs = self._published(i)
+            if theirs is not None and (theirs.op > self._announced.op or
+                                       (theirs.op == self._announced.op and theirs != self._announced)):
+                self._disagree(i, waiting=True)
+
+    def _published(self, i: int) -> Signature | None:
+        """Local rank ``i``'s last announcement, or None if it has made none or is writing one."""
+        assert self._counters is not None
+        counters, line = self._counters, i * LINE
+        version = counters[line + VERSION]
+        _fence()
+        words = counters[line + OP], counters[line + WHAT], counters[line + ELEMENTS]
+        _fence()
+        if version == 0 or version % 2 or counters[line + VERSION] != version:
+            return None
+        return Signature.from_words(*words)
+
+    def _disagree(self, i: int, waiting: bool) -> None:
+        theirs, me, other = self._published(i), self.base + self.index, self.base + i
+        where = "waits for it in" if waiting else "is in"
+        raise ProtocolError(
+            f"rank {other} and rank {me} are in different collectives: rank {other} is in {theirs} "
+            f"(collective {theirs.op if theirs else '?'}), while rank {me} {where} {self._announced} "
+            f"(collective {self._announced.op if self._announced else '?'}). Every rank must call the same "
+            f"collectives, in the same order, on tensors of the same size and dtype")
 
     # -- the all-reduce ---------------------------------------------------------------------
     def slot(self, buffer: int, index: int, dtype: torch.dtype, numel: int) -> torch.Tensor:

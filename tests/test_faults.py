@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import BIN, job_processes, kill_group, launch_command
+from conftest import BIN, job_processes, kill_group, launch_command, run_launch
 
 BEHAVE = str(BIN / "behave.py")
 
@@ -96,6 +96,21 @@ def test_a_stopped_rank_is_reported_then_aborted(job_of_three) -> None:
     assert "rank 2 (localhost) sent no heartbeat for 4 s" in cause
     assert "ranks 0, 1 are waiting for it in all_reduce" in cause
     assert seconds < 4 + 11
+
+
+@pytest.mark.parametrize("path", ["shared-memory", "sockets"])
+@pytest.mark.parametrize("mismatch", ["numel", "rop", "dtype", "kind"])
+def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, mismatch: str) -> None:
+    """One rank calls a collective that differs from the others' (on one host they used to
+    reduce each other's bytes through shared memory, or wait at barriers that never met)."""
+    env = {"MACFLEET_SHM": "0"} if path == "sockets" else None
+    job = run_launch("--nproc", "3", BEHAVE, "2", mismatch, env=env, timeout=60)
+    assert job.code != 0 and "returned" not in job.stdout, job.output
+    root = job.stderr[job.stderr.index("root cause"):]
+    assert "ProtocolError" in root, root
+    named = {"numel": "9", "rop": "max", "dtype": "int32", "kind": "broadcast"}[mismatch]
+    assert named in root.split("other ranks")[0], root
+    assert job.seconds < 20
 
 
 def test_a_host_cut_off_from_the_network(netns_hosts) -> None:

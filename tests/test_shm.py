@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from macfleet.errors import CollectiveTimeout, ConfigError, JobAborted
-from macfleet.shm import DIRECT_BYTES, LocalGroup
+from macfleet.errors import CollectiveTimeout, ConfigError, JobAborted, ProtocolError
+from macfleet.shm import DIRECT_BYTES, LocalGroup, Signature
 from macfleet.transport import Liveness
 
 
@@ -94,6 +94,37 @@ def test_an_abort_ends_a_barrier_wait(tmp_path) -> None:
         started = time.monotonic()
         with pytest.raises(JobAborted, match="rank 1 exited"):
             groups[0].barrier()  # rank 1 never comes: the abort, not the 60 s deadline, ends the wait
+        assert time.monotonic() - started < 5
+    finally:
+        close_all(groups)
+
+
+def test_a_rank_behind_is_waited_for_and_one_ahead_is_named(tmp_path) -> None:
+    """A late rank still in an earlier collective is only behind; one that announced a later
+    collective skipped this one and will never arrive (the multi-process mismatches are in
+    test_faults)."""
+    groups = make_groups(tmp_path, 2, timeout_s=30)
+    tensors = [torch.ones(100), torch.ones(100)]
+    this = Signature(1, "all_reduce", 100, torch.float32, "sum")
+
+    def behind() -> None:
+        groups[1].announce(Signature(0, "broadcast", 5, torch.float32))
+        time.sleep(0.5)  # rank 0 looks at this line several times meanwhile
+        groups[1].announce(this)
+        groups[1].all_reduce(tensors[1], tensors[1], "sum")
+
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            late = pool.submit(behind)
+            groups[0].announce(this)
+            groups[0].all_reduce(tensors[0], tensors[0], "sum")
+            late.result(timeout=10)
+        assert all(torch.equal(t, torch.full((100,), 2.0)) for t in tensors)
+        groups[1].announce(Signature(3, "all_reduce", 100, torch.float32, "sum"))
+        groups[0].announce(Signature(2, "all_reduce", 100, torch.float32, "sum"))
+        started = time.monotonic()
+        with pytest.raises(ProtocolError, match=r"rank 1 is in all_reduce of 100 float32 \(sum\) \(collective 3\)"):
+            groups[0].all_reduce(tensors[0], tensors[0], "sum")
         assert time.monotonic() - started < 5
     finally:
         close_all(groups)

@@ -4,6 +4,9 @@ Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by 
 (``raise``, ``exit3``, ``sigkill``, ``none``) while the others wait in all-reduces, which a
 failure elsewhere must turn into an error rather than a hang. With ``hang`` the others wait
 forever (until stopped). ``env`` prints the environment contract as this rank sees it.
+In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
+others' by its size (``numel``), reduce op (``rop``), dtype (``dtype``) or kind (``kind``: a
+broadcast from rank 0, which is in the all-reduce, so that no rank can finish).
 """
 
 import json
@@ -39,6 +42,13 @@ if rank == fail_rank:
         sys.exit(3)
     if mode == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+mismatch = {"numel": lambda: macfleet.all_reduce(torch.ones(9)),
+            "rop": lambda: macfleet.all_reduce(torch.ones(8), op="max"),
+            "dtype": lambda: macfleet.all_reduce(torch.ones(8, dtype=torch.int32)),
+            "kind": lambda: macfleet.broadcast(torch.ones(8), src=0)}
+if mode in mismatch:
+    result = mismatch[mode]() if rank >= fail_rank else macfleet.all_reduce(torch.ones(8))
+    print(f"returned {result.tolist()}", flush=True)  # what the test must never see
 if mode == "hang":
     while True:
         macfleet.all_reduce(torch.ones(8))
