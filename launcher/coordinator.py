@@ -197,6 +197,12 @@ class Coordinator:
             names = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in suspects)
             reason = (f"rank{'s' if len(suspects) > 1 else ''} {names} made no progress for over "
                       f"{self.stall_timeout_s:.0f} s{self._who_waits(waiting)}")
+        elif len({(w.get("op"), w.get("id")) for w in waiting.values()}) > 1:
+            # e.g. one host's ranks in a broadcast, another's in an all-reduce on the hosts' ring:
+            # their messages go to sockets nobody reads, so no rank sees a wrong one
+            where = "; ".join(f"rank {r} in {w.get('op')} (op {w.get('id')})" for r, w in sorted(waiting.items()))
+            reason = (f"the ranks are in different collectives ({where}): every rank must call the same "
+                      f"collectives in the same order")
         else:
             op = next(iter(waiting.values()))
             reason = (f"every rank has waited over {self.stall_timeout_s:.0f} s in {op.get('op')} (op {op.get('id')}): "

@@ -115,6 +115,19 @@ def test_killing_the_launcher_leaves_no_process_on_any_host(sshd) -> None:
         proc.communicate()
 
 
+def test_hosts_in_different_collectives_are_named_by_the_stall_report(sshd) -> None:
+    """Host 2's ranks broadcast while host 1's rank all-reduces on the ring of hosts: each side
+    waits on sockets the other never writes, so no rank sees a wrong message; the launcher,
+    which knows where every rank waits, names the mismatch (on one host, test_faults)."""
+    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:2", *sshd.launch_options(), "--stall-timeout", "2",
+                     BEHAVE, "1", "kind", timeout=60)
+    assert job.code != 0 and "returned" not in job.stdout, job.output
+    root = job.stderr[job.stderr.index("root cause"):]
+    assert "different collectives" in root, root
+    assert "rank 0 in all_reduce" in root and "rank 1 in broadcast" in root and "rank 2 in broadcast" in root, root
+    assert job.seconds < 30
+
+
 def test_doctor_prints_a_table_with_every_link(sshd) -> None:
     out = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hosts", "127.0.0.2,127.0.0.3",
                           *sshd.launch_options(), "--megabytes", "8"], capture_output=True, text=True, timeout=120)
