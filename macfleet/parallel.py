@@ -8,11 +8,13 @@ buckets, see ``bucket_layout``). Each bucket is one flat tensor on the device an
 parameters' ``.grad`` are views into it, so a bucket leaves the device in one copy.
 
 During backward, a hook on each parameter notes its gradient. When a bucket is complete the
-hook records a device event and hands the bucket to a communication thread, and backward goes
-on. That thread takes buckets strictly in index order (the same on every rank, whatever order
-they became ready in), waits for each one's event on the host (never on the GPU: a late peer
-must not stall Metal's command queue), stages it to a reused host buffer, averages it over the
-ring and copies it back. A callback at the end of backward waits for the last bucket, so when
+hook records a device event and hands the bucket to the process's communication thread, which
+starts its copy to a reused host buffer once the event has passed (waiting on the host, never
+on the GPU: a late peer must not stall Metal's command queue), and backward goes on. Buckets
+are released for averaging strictly in index order (the same on every rank, whatever order
+they became ready in); the thread averages released buckets over the ring in release order and
+copies them back. One thread serves every DataParallel of the process, so two wrapped models
+in one backward (a GAN's generator step) exchange in the same order on every rank. A callback at the end of backward waits for the last bucket, so when
 ``loss.backward()`` returns every rank holds the same averaged gradients and
 ``optimizer.step()`` needs no change.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -44,6 +47,7 @@ class Bucket:
     flat: torch.Tensor  # on the device; the parameters' .grad are views into it
     host: torch.Tensor | None = None  # reused staging buffer (None when the device is the host)
     pending: set[int] = field(default_factory=set)  # ids of parameters whose gradient has not come yet
+    done: bool = True  # averaged in the current step (set by the communication thread)
 
     def view(self, k: int) -> torch.Tensor:
         p = self.params[k]
@@ -80,6 +84,7 @@ class DataParallel(nn.Module):
         self.buckets: list[Bucket] = []
         self._where: dict[int, tuple[Bucket, int]] = {}
         self._queued = False
+        self._released = 0  # buckets released for averaging in this step: always a prefix, in index order
         self._comm: _CommThread | None = None
         if self.runtime.world_size > 1:
             with torch.no_grad():
@@ -134,16 +139,27 @@ class DataParallel(nn.Module):
             return
         if not self._queued:  # first gradient of this backward: arm the step
             self._queued = True
+            self._released = 0
             for bucket in self.buckets:
-                bucket.pending = {id(q) for q in bucket.params}
+                bucket.pending, bucket.done = {id(q) for q in bucket.params}, False
             if self._comm is None and len(self.buckets) > 1:
-                self._comm = _CommThread(self.compression, len(self.buckets), self.runtime.device)
+                self._comm = _CommThread.of(self.runtime)
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         bucket, k = self._where[id(p)]
         self._adopt(bucket, k)
         bucket.pending.discard(id(p))
         if not bucket.pending and self._comm is not None:
-            self._comm.submit(bucket, self.runtime.device.record_event())
+            self._complete(bucket, self._comm)
+
+    def _complete(self, bucket: Bucket, comm: _CommThread) -> None:
+        """Start the complete bucket's copy to the host, and release every bucket whose turn
+        has come. This runs on the thread that runs backward, which on every rank sees the
+        same graph in the same order: releases, across models too, agree between ranks."""
+        start = self._released
+        while self._released < len(self.buckets) and not self.buckets[self._released].pending:
+            self._released += 1
+        comm.hand_over(bucket, self.runtime.device.record_event(), self.buckets[start:self._released],
+                       self.compression)
 
     def _adopt(self, bucket: Bucket, k: int) -> None:
         """Make the parameter's gradient the bucket's view again (zero_grad(set_to_none=True)
@@ -166,86 +182,112 @@ class DataParallel(nn.Module):
         self._queued = False
         comm, device = self._comm, self.runtime.device
         unused = [(b, k) for b in self.buckets for k, p in enumerate(b.params) if id(p) in b.pending]
-        error = None
         if unused and not self.find_unused_parameters:
             names = ", ".join(b.names[k] for b, k in unused[:5]) + (" ..." if len(unused) > 5 else "")
-            error = ConfigError(
+            if comm is not None:  # what was released finishes first: nothing of this step outlives it
+                comm.wait(self.buckets[:self._released])
+            raise ConfigError(
                 f"parameters got no gradient in this step: {names}. Every rank must produce a gradient for "
                 f"every parameter (pass find_unused_parameters=True to DataParallel to count them as zero)")
-        else:
-            for bucket, k in unused:
-                self._adopt(bucket, k)
-                bucket.pending.discard(id(bucket.params[k]))
-                if not bucket.pending and comm is not None:
-                    comm.submit(bucket, device.record_event())
+        for bucket, k in unused:
+            self._adopt(bucket, k)
+            bucket.pending.discard(id(bucket.params[k]))
+            if not bucket.pending and comm is not None:
+                self._complete(bucket, comm)
         started = time.perf_counter()
-        if comm is None:
-            if error is not None:
-                raise error
-            bucket = self.buckets[0]
-            _average(bucket, _stage(bucket, device.record_event(), device), device, self.compression)
+        if comm is not None:
+            comm.wait(self.buckets)
         else:
-            if error is not None:
-                comm.fail(error)
-            comm.wait_all()
+            bucket, shared = self.buckets[0], _CommThread.existing(self.runtime)
+            if shared is not None and not shared.idle():  # after what another model released, in order
+                shared.hand_over(bucket, device.record_event(), [bucket], self.compression)
+                shared.wait(self.buckets)
+            else:
+                _average(bucket, _stage(bucket, device.record_event(), device), device, self.compression)
         device.staged()  # later device work (optimizer.step) sees the averaged gradients
         self.last_wait_s = time.perf_counter() - started
 
 
 class _CommThread:
-    """Takes ready buckets and averages them over the ring, in bucket-index order."""
+    """Averages released buckets over the ring, in release order; one per process (``of``)."""
 
-    def __init__(self, compression: str, count: int, device: Device) -> None:
-        self.compression, self.count, self.device = compression, count, device
-        self.ready: queue.Queue[tuple[Bucket, HostEvent]] = queue.Queue()
+    _current: tuple[rt.Runtime, _CommThread] | None = None
+    _creating = threading.Lock()
+
+    @classmethod
+    def of(cls, runtime: rt.Runtime) -> _CommThread:
+        """The process's thread (a new runtime, after shutdown and init, gets a new one)."""
+        with cls._creating:
+            if cls._current is None or cls._current[0] is not runtime:
+                cls._current = (runtime, cls(runtime.device))
+            return cls._current[1]
+
+    @classmethod
+    def existing(cls, runtime: rt.Runtime) -> _CommThread | None:
+        current = cls._current
+        return current[1] if current is not None and current[0] is runtime else None
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.inbox: queue.Queue[tuple[Bucket, HostEvent, list[Bucket], str]] = queue.Queue()
         self.done = threading.Condition()
-        self.finished = 0  # buckets averaged in the current step
-        self.error: BaseException | None = None
+        self.released = self.finished = 0  # buckets, since the start
+        self.error: BaseException | None = None  # sticky: after a failed exchange no gradient is trusted
         self.thread = threading.Thread(target=self._run, name="macfleet-buckets", daemon=True)
         self.thread.start()
 
-    def submit(self, bucket: Bucket, event: HostEvent) -> None:
-        self.ready.put((bucket, event))
+    def hand_over(self, bucket: Bucket, ready: HostEvent, release: list[Bucket], compression: str) -> None:
+        """Stage ``bucket`` to the host once ``ready``; then average ``release`` (in this order,
+        after everything released before) with ``compression``. One message, one wake-up."""
+        self.released += len(release)  # only the thread that runs backward hands over
+        self.inbox.put((bucket, ready, release, compression))
 
-    def fail(self, error: BaseException) -> None:
+    def idle(self) -> bool:
+        """Whether everything released has been averaged (then nothing else can be in flight)."""
         with self.done:
-            self.error = error
-            self.done.notify_all()
+            return self.finished == self.released
 
-    def wait_all(self) -> None:
-        """Until every bucket of this step is averaged (collectives have deadlines and turn an
-        abort into an error, which arrives here through fail())."""
+    def wait(self, buckets: list[Bucket]) -> None:
+        """Until every one of ``buckets`` is averaged (collectives have deadlines and turn an
+        abort into an error, which arrives here)."""
         with self.done:
-            while self.finished < self.count and self.error is None:
+            while not all(b.done for b in buckets) and self.error is None:
                 self.done.wait(0.1)
-            error, self.error = self.error, None
-            self.finished = 0
-        if error is not None:
-            raise error
+            if self.error is not None:
+                raise self.error
 
     def _run(self) -> None:
-        staged: dict[int, tuple[Bucket, HostEvent]] = {}  # ready buckets, their copy to the host started
-        next_index = 0
+        staged: dict[int, HostEvent] = {}  # by id(bucket): its copy to the host started
+        released: deque[tuple[Bucket, str]] = deque()
         while True:
-            arrived = [] if next_index in staged else [self.ready.get()]
+            arrived = [] if released else [self.inbox.get()]
             while True:  # start the copy of everything that is ready, so copies overlap reductions
                 try:
-                    arrived.append(self.ready.get_nowait())
+                    arrived.append(self.inbox.get_nowait())
                 except queue.Empty:
                     break
+            for bucket, ready, release, compression in arrived:
+                try:
+                    staged[id(bucket)] = _stage(bucket, ready, self.device)
+                except BaseException as exc:  # its release finds nothing staged and ends there
+                    self._fail(exc)
+                released.extend((b, compression) for b in release)
+            if not released:
+                continue
+            bucket, compression = released.popleft()
             try:
-                for bucket, event in arrived:
-                    staged[bucket.index] = (bucket, _stage(bucket, event, self.device))
-                if next_index not in staged:
-                    continue
-                bucket, copied = staged.pop(next_index)  # fixed order on every rank: a mismatch would hang or corrupt
-                _average(bucket, copied, self.device, self.compression)
+                _average(bucket, staged.pop(id(bucket)), self.device, compression)
             except BaseException as exc:  # surfaces in the training thread at the end of backward
-                self.fail(exc)
+                self._fail(exc)
             with self.done:
+                bucket.done = True
                 self.finished += 1
                 self.done.notify_all()
-            next_index = (next_index + 1) % self.count
+
+    def _fail(self, error: BaseException) -> None:
+        with self.done:
+            self.error = self.error or error  # the first error is the cause
+            self.done.notify_all()
 
 
 def _stage(bucket: Bucket, ready: HostEvent, device: Device) -> HostEvent:

@@ -4,7 +4,8 @@ Cases: ``buckets`` (one bucket per module), ``single`` (default bucket sizes: th
 model in one bucket, averaged on the thread that ran backward), ``order`` (ranks make gradients ready in
 opposite orders), ``no_sync`` (two micro-batches per step), ``unused`` / ``unused-allowed``
 (a parameter that gets no gradient; ``unused-single`` in one bucket), ``fp16`` / ``bf16`` (wire compression), ``buffers``
-(BatchNorm statistics broadcast from rank 0), ``zero-in-place`` (``zero_grad(set_to_none=False)``:
+(BatchNorm statistics broadcast from rank 0), ``two-models`` (two DataParallel modules in one
+backward; ``two-models-one-bucket``: one of them in a single bucket), ``zero-in-place`` (``zero_grad(set_to_none=False)``:
 gradients stay the buckets' views, and backward accumulates into them). Rank 0 saves its
 parameters to OUT.
 """
@@ -62,7 +63,23 @@ class WithNorm(nn.Module):
         return self.net(x)
 
 
+class Chained(nn.Module):
+    """A generator and a critic trained through one loss (a GAN's generator step): each is
+    wrapped in its own DataParallel, so one backward fills the buckets of both."""
+
+    def __init__(self):
+        super().__init__()
+        self.g = oracle.make_model()
+        torch.manual_seed(5)
+        self.d = nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 3))  # last layer: as large as g's
+
+    def forward(self, x):
+        return self.d(self.g(x))
+
+
 def make(case):
+    if case.startswith("two-models"):
+        return Chained()
     if case == "order":
         return TwoBranches()
     if case.startswith("unused"):
@@ -85,9 +102,14 @@ def main():
         options["compression"] = case
     if case == "unused-allowed":
         options["find_unused_parameters"] = True
-    model = macfleet.DataParallel(module, **options)
-    modules = {name.rpartition(".")[0] for name, _ in module.named_parameters()}
-    assert len(model.buckets) == (1 if single else len(modules)), len(model.buckets)
+    if case.startswith("two-models"):  # -one-bucket: the critic's single bucket is averaged after the generator's
+        g = macfleet.DataParallel(module.g, **options)
+        d = macfleet.DataParallel(module.d, **({} if case.endswith("one-bucket") else options))
+        model = nn.Sequential(g, d)
+    else:
+        model = macfleet.DataParallel(module, **options)
+        modules = {name.rpartition(".")[0] for name, _ in module.named_parameters()}
+        assert len(model.buckets) == (1 if single else len(modules)), len(model.buckets)
     opt = oracle.make_optimizer(model)
     x, y = oracle.make_batch()
     shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
@@ -113,7 +135,7 @@ def main():
         gathered = macfleet.all_gather(mean)
         assert all(torch.equal(gathered[0], g) for g in gathered), "buffers differ between ranks"
     if rank == 0:
-        torch.save(model.module.state_dict(), out)
+        torch.save(module.state_dict(), out)
     macfleet.shutdown()
 
 
