@@ -1,7 +1,8 @@
 """The GPU path on CUDA (standing in for Metal): run under `macfleet launch --device cuda`.
 
 Checks on every rank, printing one line of JSON: collectives on CUDA tensors (exact), the
-DataParallel oracle on CUDA against a CPU run of the whole batch, and the memory fraction.
+DataParallel oracle on CUDA against a CPU run of the whole batch (one model, and two in one
+backward), and the memory fraction.
 """
 
 import gc
@@ -14,6 +15,7 @@ from torch import nn
 import macfleet
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import dp_cases  # noqa: E402
 import oracle  # noqa: E402
 
 macfleet.init()
@@ -52,6 +54,26 @@ for label, options in (("one_bucket", {}), ("many_buckets", {"bucket_cap_mb": 1e
     out[f"buckets_{label}"] = len(model.buckets)
     del model, opt
     gc.collect()  # its staging memory is unlocked and unmapped before the next wrapper's
+# two wrapped models in one backward (a GAN's generator step), buckets per module, staged
+# through the one communication thread of the process
+chain_ref = dp_cases.Chained()
+chain_opt = oracle.make_optimizer(chain_ref)
+for _ in range(6):
+    chain_opt.zero_grad()
+    nn.functional.cross_entropy(chain_ref(x), y).backward()
+    chain_opt.step()
+chain = dp_cases.Chained().to(dev)
+tiny = {"bucket_cap_mb": 1e-4, "first_bucket_mb": 1e-4}
+g, d = macfleet.DataParallel(chain.g, **tiny), macfleet.DataParallel(chain.d, **tiny)
+opt = oracle.make_optimizer(chain)
+for _ in range(6):
+    opt.zero_grad()
+    nn.functional.cross_entropy(d(g(x[shard].to(dev))), y[shard].to(dev)).backward()
+    opt.step()
+out["oracle_max_diff_two_models"] = max((p.detach().cpu() - q.detach()).abs().max().item()
+                                        for p, q in zip(chain.parameters(), chain_ref.parameters(), strict=True))
+del g, d, opt
+gc.collect()
 # memory fraction: asking for more than this process's share must fail
 total = torch.cuda.get_device_properties(dev).total_memory
 out["memory_fraction_env"] = float(__import__("os").environ.get("MACFLEET_MEMORY_FRACTION", "0"))
