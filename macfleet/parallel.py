@@ -35,7 +35,7 @@ from torch import nn
 from macfleet import runtime as rt
 from macfleet.backends import Device, HostEvent
 from macfleet.collectives import WIRE_DTYPES, WORK_DTYPE
-from macfleet.errors import ConfigError
+from macfleet.errors import ConfigError, ProtocolError
 
 
 @dataclass
@@ -120,6 +120,14 @@ class DataParallel(nn.Module):
 
     # -- training-time behaviour --------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._queued and self.training:
+            # Autograd drops the end-of-backward callback when backward raises: this rank released
+            # some buckets and not others, and the other ranks wait for the rest. Going on would
+            # step on gradients that were never averaged (DDP refuses too, at its next backward).
+            raise ProtocolError(
+                "the previous backward raised before DataParallel had averaged its gradients, so this "
+                "rank is out of step with the others and cannot train on; let that exception end the "
+                "process (macfleet launch --max-restarts N restarts the job from its last checkpoint)")
         if self.broadcast_buffers and self.runtime.world_size > 1 and self.training:
             with torch.no_grad():
                 _broadcast_flat(list(self.module.buffers()), "buffers")

@@ -62,3 +62,13 @@ def test_a_parameter_without_gradient_is_named_not_a_hang(case: str) -> None:
 def test_buffers_are_broadcast_from_rank_0(tmp_path) -> None:
     job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "buffers", str(tmp_path / "p.pt"))
     assert job.code == 0, job.output
+
+
+def test_training_on_after_an_exception_in_backward_is_refused() -> None:
+    """An out-of-memory error caught mid-backward (the skip-the-batch pattern) leaves the rank's
+    buckets half released: the next step must be an error, not gradients never averaged."""
+    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "backward-raises", "/dev/null", timeout=60)
+    assert job.code != 0 and "caught out of memory" in job.stdout, job.output
+    report = job.stderr[job.stderr.index("root cause"):]
+    assert "rank 1" in report and "the previous backward raised" in report, report
+    assert job.seconds < 30

@@ -5,7 +5,8 @@ model in one bucket, averaged on the thread that ran backward), ``order`` (ranks
 opposite orders), ``no_sync`` (two micro-batches per step), ``unused`` / ``unused-allowed``
 (a parameter that gets no gradient; ``unused-single`` in one bucket), ``fp16`` / ``bf16`` (wire compression), ``buffers``
 (BatchNorm statistics broadcast from rank 0), ``two-models`` (two DataParallel modules in one
-backward; ``two-models-one-bucket``: one of them in a single bucket), ``zero-in-place`` (``zero_grad(set_to_none=False)``:
+backward; ``two-models-one-bucket``: one of them in a single bucket), ``backward-raises`` (rank 1
+catches an error raised in the middle of its backward and tries to go on: it must not), ``zero-in-place`` (``zero_grad(set_to_none=False)``:
 gradients stay the buckets' views, and backward accumulates into them). Rank 0 saves its
 parameters to OUT.
 """
@@ -77,7 +78,34 @@ class Chained(nn.Module):
         return self.d(self.g(x))
 
 
+class RaiseInBackward(torch.autograd.Function):
+    """Identity whose backward raises while ``armed`` (an out-of-memory error, say)."""
+
+    armed = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if RaiseInBackward.armed:
+            raise RuntimeError("out of memory (raised by the test)")
+        return grad
+
+
+class RaisesMidBackward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = oracle.make_model()
+
+    def forward(self, x):
+        return self.net[2:](RaiseInBackward.apply(self.net[:2](x)))
+
+
 def make(case):
+    if case == "backward-raises":
+        return RaisesMidBackward()
     if case.startswith("two-models"):
         return Chained()
     if case == "order":
@@ -114,13 +142,22 @@ def main():
     x, y = oracle.make_batch()
     shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
     xs, ys = x[shard], y[shard]
-    for _ in range(STEPS):
+    for step in range(STEPS):
         opt.zero_grad(set_to_none=case != "zero-in-place")
         if case == "no_sync":
             half = len(xs) // 2
             with model.no_sync():
                 (nn.functional.cross_entropy(model(xs[:half]), ys[:half]) / 2).backward()
             (nn.functional.cross_entropy(model(xs[half:]), ys[half:]) / 2).backward()
+        elif case == "backward-raises":  # rank 1 catches the error of step 2 and tries to go on
+            RaiseInBackward.armed = rank == 1 and step == 2
+            try:
+                nn.functional.cross_entropy(model(xs), ys).backward()
+            except RuntimeError as exc:
+                if "out of memory" not in str(exc):
+                    raise
+                print(f"caught {exc}", flush=True)
+                continue
         else:
             nn.functional.cross_entropy(model(xs), ys).backward()
         opt.step()
