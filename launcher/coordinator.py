@@ -70,6 +70,7 @@ class Coordinator:
         self.devices: dict[int, str] = {}  # rank -> the device it trains on, from registrations
         self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
+        self.last_ops: dict[int, int] = {}  # rank -> the last collective it drew, sent when it shut down
         self._seq = 0
         self._next_beat = 0.0
 
@@ -120,7 +121,7 @@ class Coordinator:
             protocol.REGISTER: self._on_register,
             protocol.EXIT: self._on_exit,
             protocol.DONE: self._on_done,
-            protocol.BYE: lambda m, p: setattr(p, "watched", False),
+            protocol.BYE: self._on_bye,
             protocol.BEAT: self._on_beat,
             protocol.REPORT: self._on_report,
         }.get(kind)
@@ -237,6 +238,12 @@ class Coordinator:
             what = f"signal {exit_.signal}" if exit_.signal else f"exit code {exit_.code}"
             self.fail(Failure(exit_.time, f"rank {exit_.rank} ({exit_.host}) failed with {what}", exit_.rank, exit_))
 
+    def _on_bye(self, msg: dict[str, Any], peer: Peer) -> None:
+        peer.watched = False  # a finished rank is not a hung one
+        sender, last_op = str(msg.get("from")), msg.get("last_op")
+        if sender.startswith("rank-") and isinstance(last_op, int):
+            self.last_ops[int(sender[5:])] = last_op
+
     def _on_done(self, msg: dict[str, Any], peer: Peer) -> None:
         index = msg.get("host_index")
         if isinstance(index, int):
@@ -255,7 +262,24 @@ class Coordinator:
                 self.fail(Failure(time.time(), f"{who} sent no heartbeat for {self.heartbeat_timeout_s:.0f} s "
                                                f"(stopped, hung, or its host is cut off){self._who_waits(waiting)}",
                                   rank))
+        self._check_left_behind()
         self._check_stalls()
+
+    def _check_left_behind(self) -> None:
+        """A rank waiting in a collective that a finished rank never entered waits forever:
+        every collective needs every rank. Say so now, rather than after the stall timeout."""
+        if not self.last_ops or self.aborted is not None:
+            return
+        for rank, waiting in sorted(self._waiting_for(time.monotonic()).items()):
+            op = waiting.get("id")
+            gone = sorted(r for r, last in self.last_ops.items() if isinstance(op, int) and last < op)
+            if gone:
+                who = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in gone)
+                self.fail(Failure(time.time(), (
+                    f"rank {rank} waits in {waiting.get('op')} (op {op}) for rank{'s' if len(gone) > 1 else ''} {who}, "
+                    f"which finished after op {self.last_ops[gone[0]]}: every rank must call the same collectives, "
+                    f"and {'these' if len(gone) > 1 else 'it'} called fewer"), rank))
+                return
 
     # -- going down -------------------------------------------------------------------------
     def fail(self, failure: Failure) -> None:

@@ -388,6 +388,11 @@ class Collectives:
             status["waiting"] = {"op": current[0], "id": current[1], "for_s": time.monotonic() - current[2]}
         return status
 
+    @property
+    def last_op(self) -> int:
+        """The number of the last collective this rank entered (0 before the first)."""
+        return self._op
+
     def next_op(self) -> int:
         """A new op id; every rank must draw them in the same order."""
         self._op += 1

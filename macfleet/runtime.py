@@ -179,7 +179,10 @@ def shutdown() -> None:
         return
     _orphaned(rt.env)
     if rt.control is not None:
-        rt.control.outbox.put((protocol.BYE, {}))  # a finished rank is not a hung one
+        # a finished rank is not a hung one; its last collective tells a rank still waiting in a
+        # later one that it waits in vain
+        last_op = rt.collectives.last_op if rt.collectives is not None else 0
+        rt.control.outbox.put((protocol.BYE, {"last_op": last_op}))
         rt.control.stop()
     if rt.collectives is not None:
         rt.collectives.close()

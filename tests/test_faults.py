@@ -98,6 +98,16 @@ def test_a_stopped_rank_is_reported_then_aborted(job_of_three) -> None:
     assert seconds < 4 + 11
 
 
+def test_a_rank_that_finishes_early_is_named_without_waiting_for_the_stall_timeout() -> None:
+    """Rank 2 shuts down cleanly while ranks 0 and 1 still all-reduce: they would wait forever
+    (or, before, until twice the 60 s stall timeout, blamed on the network)."""
+    job = run_launch("--nproc", "3", BEHAVE, "2", "early", timeout=60)
+    assert job.code != 0 and "finished" not in job.stdout, job.output
+    root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+    assert "for rank 2 (localhost), which finished after op 1" in root, root
+    assert job.seconds < 15
+
+
 @pytest.mark.parametrize("path", ["shared-memory", "sockets"])
 @pytest.mark.parametrize("mismatch", ["numel", "rop", "dtype", "kind"])
 def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, mismatch: str) -> None:

@@ -1,7 +1,7 @@
 """A rank that does what the test asks: ``behave.py FAIL_RANK MODE``.
 
 Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by MODE
-(``raise``, ``exit3``, ``sigkill``, ``none``) while the others wait in all-reduces, which a
+(``raise``, ``exit3``, ``sigkill``, ``early``: shut down and exit 0, ``none``) while the others wait in all-reduces, which a
 failure elsewhere must turn into an error rather than a hang. With ``hang`` the others wait
 forever (until stopped). ``env`` prints the environment contract as this rank sees it.
 In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
@@ -42,6 +42,9 @@ if rank == fail_rank:
         sys.exit(3)
     if mode == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "early":  # a clean finish, while the others still have collectives to do
+        macfleet.shutdown()
+        sys.exit(0)
 mismatch = {"numel": lambda: macfleet.all_reduce(torch.ones(9)),
             "rop": lambda: macfleet.all_reduce(torch.ones(8), op="max"),
             "dtype": lambda: macfleet.all_reduce(torch.ones(8, dtype=torch.int32)),
