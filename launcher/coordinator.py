@@ -272,7 +272,9 @@ class Coordinator:
             return
         for rank, waiting in sorted(self._waiting_for(time.monotonic()).items()):
             op = waiting.get("id")
-            gone = sorted(r for r, last in self.last_ops.items() if isinstance(op, int) and last < op)
+            # exited with code 0: a rank that fails says goodbye too (at exit), and its failure is the cause
+            gone = sorted(r for r, last in self.last_ops.items()
+                          if isinstance(op, int) and last < op and r in self.exits and self.exits[r].code == 0)
             if gone:
                 who = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in gone)
                 self.fail(Failure(time.time(), (
