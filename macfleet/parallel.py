@@ -14,9 +14,9 @@ on the GPU: a late peer must not stall Metal's command queue), and backward goes
 are released for averaging strictly in index order (the same on every rank, whatever order
 they became ready in); the thread averages released buckets over the ring in release order and
 copies them back. One thread serves every DataParallel of the process, so two wrapped models
-in one backward (a GAN's generator step) exchange in the same order on every rank. A callback at the end of backward waits for the last bucket, so when
-``loss.backward()`` returns every rank holds the same averaged gradients and
-``optimizer.step()`` needs no change.
+in one backward (a GAN's generator step) exchange in the same order on every rank. A callback
+at the end of backward waits for the last bucket, so when ``loss.backward()`` returns every
+rank holds the same averaged gradients and ``optimizer.step()`` needs no change.
 """
 
 from __future__ import annotations

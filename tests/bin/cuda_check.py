@@ -34,45 +34,45 @@ macfleet.broadcast(b, 1 % world)
 out["broadcast"] = bool((b.cpu() == 1 % world).all())
 # the training oracle on the GPU: the whole model in one bucket, then a bucket per module
 # (the communication thread), the first wrapper freed before the second is built
-x, y = oracle.make_batch()
-ref = oracle.make_model()
-ref_opt = oracle.make_optimizer(ref)
-for _ in range(6):
-    ref_opt.zero_grad()
-    nn.functional.cross_entropy(ref(x), y).backward()
-    ref_opt.step()
-shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
-for label, options in (("one_bucket", {}), ("many_buckets", {"bucket_cap_mb": 1e-4, "first_bucket_mb": 1e-4})):
-    model = macfleet.DataParallel(oracle.make_model().to(dev), **options)
+
+
+def train(model: nn.Module, run, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Six SGD steps of ``model``'s parameters on ``run(x)``'s loss against ``y``."""
     opt = oracle.make_optimizer(model)
     for _ in range(6):
         opt.zero_grad()
-        nn.functional.cross_entropy(model(x[shard].to(dev)), y[shard].to(dev)).backward()
+        nn.functional.cross_entropy(run(x), y).backward()
         opt.step()
-    out[f"oracle_max_diff_{label}"] = max((p.detach().cpu() - q.detach()).abs().max().item()
-                                          for p, q in zip(model.module.parameters(), ref.parameters(), strict=True))
+
+
+def max_diff(got: nn.Module, want: nn.Module) -> float:
+    return max((p.detach().cpu() - q.detach()).abs().max().item()
+               for p, q in zip(got.parameters(), want.parameters(), strict=True))
+
+
+x, y = oracle.make_batch()
+shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
+xs, ys = x[shard].to(dev), y[shard].to(dev)
+tiny = {"bucket_cap_mb": 1e-4, "first_bucket_mb": 1e-4}
+ref = oracle.make_model()
+train(ref, ref, x, y)
+for label, options in (("one_bucket", {}), ("many_buckets", tiny)):
+    model = macfleet.DataParallel(oracle.make_model().to(dev), **options)
+    train(model, model, xs, ys)
+    out[f"oracle_max_diff_{label}"] = max_diff(model.module, ref)
     out[f"buckets_{label}"] = len(model.buckets)
-    del model, opt
+    del model
     gc.collect()  # its staging memory is unlocked and unmapped before the next wrapper's
 # two wrapped models in one backward (a GAN's generator step), buckets per module, staged
 # through the one communication thread of the process
 chain_ref = dp_cases.Chained()
-chain_opt = oracle.make_optimizer(chain_ref)
-for _ in range(6):
-    chain_opt.zero_grad()
-    nn.functional.cross_entropy(chain_ref(x), y).backward()
-    chain_opt.step()
+train(chain_ref, chain_ref, x, y)
 chain = dp_cases.Chained().to(dev)
-tiny = {"bucket_cap_mb": 1e-4, "first_bucket_mb": 1e-4}
 g, d = macfleet.DataParallel(chain.g, **tiny), macfleet.DataParallel(chain.d, **tiny)
-opt = oracle.make_optimizer(chain)
-for _ in range(6):
-    opt.zero_grad()
-    nn.functional.cross_entropy(d(g(x[shard].to(dev))), y[shard].to(dev)).backward()
-    opt.step()
-out["oracle_max_diff_two_models"] = max((p.detach().cpu() - q.detach()).abs().max().item()
-                                        for p, q in zip(chain.parameters(), chain_ref.parameters(), strict=True))
-del g, d, opt
+pair = nn.Sequential(g, d)
+train(chain, pair, xs, ys)
+out["oracle_max_diff_two_models"] = max_diff(chain, chain_ref)
+del pair, g, d
 gc.collect()
 # memory fraction: asking for more than this process's share must fail
 total = torch.cuda.get_device_properties(dev).total_memory
