@@ -113,6 +113,7 @@ class LocalGroup:
         self._allocated = 0  # shared tensors so far: the same count on every local rank
         self._scratch = torch.empty(0)
         self._announced: Signature | None = None
+        self._words = (0, 0, 0)  # the announcement as its control-line words, for the check after the barrier
         self._unchecked = False  # whether the first barrier since the announcement is still to come
         self.in_place = False  # whether the last all_reduce reduced shared tensors where they are
         # the barrier counters first: one 64-byte line each, so no two ranks write to one line
@@ -175,7 +176,8 @@ class LocalGroup:
         counters, line = self._counters, self.index * LINE
         counters[line + VERSION] += 1  # odd: a reader that sees it skips the line
         _fence()
-        counters[line + OP], counters[line + WHAT], counters[line + ELEMENTS] = signature.words()
+        self._words = signature.words()
+        counters[line + OP], counters[line + WHAT], counters[line + ELEMENTS] = self._words
         _fence()
         counters[line + VERSION] += 1
         self._announced, self._unchecked = signature, True
@@ -183,8 +185,8 @@ class LocalGroup:
     def _check_agreement(self) -> None:
         """After the first barrier of a collective: every rank announced before arriving, and
         none can announce again before this collective's last barrier, so the lines hold still."""
-        assert self._counters is not None and self._announced is not None
-        counters, mine = self._counters, self._announced.words()
+        assert self._counters is not None
+        counters, mine = self._counters, self._words
         for i in range(self.size):
             line = i * LINE
             if (counters[line + OP], counters[line + WHAT], counters[line + ELEMENTS]) != mine \

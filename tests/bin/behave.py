@@ -1,8 +1,9 @@
 """A rank that does what the test asks: ``behave.py FAIL_RANK MODE``.
 
 Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by MODE
-(``raise``, ``exit3``, ``sigkill``, ``early``: shut down and exit 0, ``none``) while the others wait in all-reduces, which a
-failure elsewhere must turn into an error rather than a hang. With ``hang`` the others wait
+(``raise``, ``exit3``, ``sigkill``, ``early``: shut down and exit 0, ``none``) while the
+others wait in all-reduces, which a failure elsewhere must turn into an error rather than a
+hang. With ``hang`` the others wait
 forever (until stopped). ``env`` prints the environment contract as this rank sees it.
 In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
 others' by its size (``numel``), reduce op (``rop``), dtype (``dtype``) or kind (``kind``: a

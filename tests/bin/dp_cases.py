@@ -1,14 +1,15 @@
 """DataParallel cases against the single-process oracle: ``dp_cases.py CASE OUT``.
 
 Cases: ``buckets`` (one bucket per module), ``single`` (default bucket sizes: the whole
-model in one bucket, averaged on the thread that ran backward), ``order`` (ranks make gradients ready in
-opposite orders), ``no_sync`` (two micro-batches per step), ``unused`` / ``unused-allowed``
-(a parameter that gets no gradient; ``unused-single`` in one bucket), ``fp16`` / ``bf16`` (wire compression), ``buffers``
-(BatchNorm statistics broadcast from rank 0), ``two-models`` (two DataParallel modules in one
-backward; ``two-models-one-bucket``: one of them in a single bucket), ``backward-raises`` (rank 1
-catches an error raised in the middle of its backward and tries to go on: it must not), ``zero-in-place`` (``zero_grad(set_to_none=False)``:
-gradients stay the buckets' views, and backward accumulates into them). Rank 0 saves its
-parameters to OUT.
+model in one bucket, averaged on the thread that ran backward), ``order`` (ranks make
+gradients ready in opposite orders), ``no_sync`` (two micro-batches per step), ``unused`` /
+``unused-allowed`` (a parameter that gets no gradient; ``unused-single`` in one bucket),
+``fp16`` / ``bf16`` (wire compression), ``buffers`` (BatchNorm statistics broadcast from rank
+0), ``two-models`` (two DataParallel modules in one backward; ``two-models-one-bucket``: one
+of them in a single bucket), ``backward-raises`` (rank 1 catches an error raised in the middle
+of its backward and tries to go on: it must not), ``zero-in-place``
+(``zero_grad(set_to_none=False)``: gradients stay the buckets' views, and backward accumulates
+into them). Rank 0 saves its parameters to OUT.
 """
 
 import os
