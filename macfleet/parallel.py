@@ -171,10 +171,14 @@ class DataParallel(nn.Module):
 
     def _adopt(self, bucket: Bucket, k: int) -> None:
         """Make the parameter's gradient the bucket's view again (zero_grad(set_to_none=True)
-        or an optimizer may have replaced it), keeping what was accumulated."""
+        or an optimizer may have replaced it), keeping what was accumulated. A sparse gradient
+        (``nn.Embedding(sparse=True)``) is averaged dense, as Horovod's ``sparse_as_dense``: the
+        bucket holds every row anyway, and a sum of sparse rows from N ranks is dense enough."""
         p, view = bucket.params[k], bucket.view(k)
         if p.grad is None:
             view.zero_()
+        elif p.grad.layout != torch.strided:
+            view.copy_(p.grad.to_dense())
         elif p.grad.data_ptr() != view.data_ptr():
             view.copy_(p.grad)
         else:

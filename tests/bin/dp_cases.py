@@ -9,7 +9,8 @@ gradients ready in opposite orders), ``no_sync`` (two micro-batches per step), `
 of them in a single bucket), ``backward-raises`` (rank 1 catches an error raised in the middle
 of its backward and tries to go on: it must not), ``zero-in-place``
 (``zero_grad(set_to_none=False)``: gradients stay the buckets' views, and backward accumulates
-into them). Rank 0 saves its parameters to OUT.
+into them), ``sparse`` (an ``nn.Embedding(sparse=True)``: its sparse gradient is averaged
+dense). Rank 0 saves its parameters to OUT.
 """
 
 import os
@@ -79,6 +80,19 @@ class Chained(nn.Module):
         return self.d(self.g(x))
 
 
+class SparseEmbedding(nn.Module):
+    """The batch's features read as indices into an embedding with sparse gradients."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(11)
+        self.embed = nn.Embedding(40, 4, sparse=True)
+        self.head = nn.Linear(40, 3)
+
+    def forward(self, x):
+        return self.head(self.embed((x.abs() * 10).long() % 40).flatten(1))
+
+
 class RaiseInBackward(torch.autograd.Function):
     """Identity whose backward raises while ``armed`` (an out-of-memory error, say)."""
 
@@ -115,6 +129,8 @@ def make(case):
         return WithUnused()
     if case == "buffers":
         return WithNorm()
+    if case == "sparse":
+        return SparseEmbedding()
     return oracle.make_model()
 
 
