@@ -128,10 +128,25 @@ class DataParallel(nn.Module):
                 "the previous backward raised before DataParallel had averaged its gradients, so this "
                 "rank is out of step with the others and cannot train on; let that exception end the "
                 "process (macfleet launch --max-restarts N restarts the job from its last checkpoint)")
+        if self.training:
+            self._check_placement()
         if self.broadcast_buffers and self.runtime.world_size > 1 and self.training:
             with torch.no_grad():
                 _broadcast_flat(list(self.module.buffers()), "buffers")
         return self.module(*args, **kwargs)
+
+    def _check_placement(self) -> None:
+        """The buckets were laid out for the parameters' device and dtype at construction; a
+        model moved or cast after wrapping (``DataParallel(net).to("mps")``) would otherwise fail
+        inside backward with an error about gradient dtypes, or train on stale views."""
+        for bucket in self.buckets:
+            for name, p in zip(bucket.names, bucket.params):
+                if p.device != bucket.flat.device or p.dtype != bucket.flat.dtype:
+                    raise ConfigError(
+                        f"parameter {name!r} is {str(p.dtype).replace('torch.', '')} on {p.device}, but "
+                        f"DataParallel laid out its gradients for {str(bucket.flat.dtype).replace('torch.', '')} "
+                        f"on {bucket.flat.device} when it was built: move or cast the model before wrapping "
+                        f"it, as in DataParallel(net.to(device))")
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -59,6 +59,15 @@ def test_a_parameter_without_gradient_is_named_not_a_hang(case: str) -> None:
     assert job.seconds < 30
 
 
+def test_a_model_cast_after_wrapping_is_named_at_the_first_forward() -> None:
+    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "cast-after-wrap", "/dev/null", timeout=60)
+    assert job.code != 0
+    report = job.stderr[job.stderr.index("root cause"):]
+    assert "ConfigError" in report and "float64" in report and "before wrapping" in report, report
+    assert "in forward" in report and "_on_grad_ready" not in report, report  # not from inside backward
+    assert job.seconds < 30
+
+
 def test_buffers_are_broadcast_from_rank_0(tmp_path) -> None:
     job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "buffers", str(tmp_path / "p.pt"))
     assert job.code == 0, job.output

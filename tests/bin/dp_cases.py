@@ -10,7 +10,8 @@ of them in a single bucket), ``backward-raises`` (rank 1 catches an error raised
 of its backward and tries to go on: it must not), ``zero-in-place``
 (``zero_grad(set_to_none=False)``: gradients stay the buckets' views, and backward accumulates
 into them), ``sparse`` (an ``nn.Embedding(sparse=True)``: its sparse gradient is averaged
-dense). Rank 0 saves its parameters to OUT.
+dense), ``cast-after-wrap`` (the model is cast to float64 after it was wrapped: the buckets no
+longer fit it, which the first forward must say). Rank 0 saves its parameters to OUT.
 """
 
 import os
@@ -155,6 +156,8 @@ def main():
         model = macfleet.DataParallel(module, **options)
         modules = {name.rpartition(".")[0] for name, _ in module.named_parameters()}
         assert len(model.buckets) == (1 if single else len(modules)), len(model.buckets)
+    if case == "cast-after-wrap":
+        model.double()
     opt = oracle.make_optimizer(model)
     x, y = oracle.make_batch()
     shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
