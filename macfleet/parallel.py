@@ -140,7 +140,7 @@ class DataParallel(nn.Module):
         model moved or cast after wrapping (``DataParallel(net).to("mps")``) would otherwise fail
         inside backward with an error about gradient dtypes, or train on stale views."""
         for bucket in self.buckets:
-            for name, p in zip(bucket.names, bucket.params):
+            for name, p in zip(bucket.names, bucket.params, strict=True):
                 if p.device != bucket.flat.device or p.dtype != bucket.flat.dtype:
                     raise ConfigError(
                         f"parameter {name!r} is {str(p.dtype).replace('torch.', '')} on {p.device}, but "
