@@ -37,7 +37,8 @@ def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
          epoch: int = 0, sampler: Any = None, sampler_consumed: int = 0, **extra: Any) -> None:
     """Collective: every rank must call it. ``sampler_consumed`` is how many samples of the
     current epoch this rank has already taken from ``sampler``."""
-    states = _gather_rng_states()
+    with rt.on_behalf_of("checkpoint.save"):
+        states = _gather_rng_states()
     if rt.rank() != 0:
         return
     state = {
@@ -74,7 +75,8 @@ def atomic_save(state: dict[str, Any], path: str) -> None:
 
 def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, sampler: Any = None) -> Checkpoint:
     """Collective: restore what ``save`` wrote; raise ``ConfigError`` (one line) if it does not fit."""
-    state = _read_on_rank0_and_broadcast(path)
+    with rt.on_behalf_of("checkpoint.load"):
+        state = _read_on_rank0_and_broadcast(path)
     if state.get("world_size") != rt.world_size():
         raise ConfigError(f"{path} was written by a job of {state.get('world_size')} ranks; this job has "
                           f"{rt.world_size()} (the RNG state of each rank cannot be matched)")

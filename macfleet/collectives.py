@@ -99,6 +99,7 @@ class Collectives:
         self.last_algorithm = ""  # which path the last all_reduce took (for benchmarks)
         self._op = 0
         self._lock = threading.Lock()  # collectives are issued one at a time, in the same order everywhere
+        self._callers = threading.local()  # what in macfleet issues this thread's collectives (on_behalf_of)
         extra = len(ring.channels) - 1
         self._pool = ThreadPoolExecutor(extra, thread_name_prefix="macfleet-ring") if extra else None
         self._host = HostBuffers()
@@ -128,7 +129,8 @@ class Collectives:
             else:
                 work, raw = self._host.get("reduce", numel, work_dtype)
             wire = WIRE_DTYPES[compression] if work_dtype.is_floating_point else None
-            meta = {"c": "all_reduce", "numel": numel, "dtype": str(tensor.dtype), "rop": op, "wire": str(wire)}
+            meta = {"c": "all_reduce", "numel": numel, "dtype": str(tensor.dtype), "rop": op, "wire": str(wire),
+                    "by": self.caller}
             reducer = REDUCERS[op]
             # Through shared memory whatever the size: its barrier costs microseconds, so even a
             # 4 KiB all-reduce is faster there than one pass round the ring (benchmarks/).
@@ -157,7 +159,8 @@ class Collectives:
                 work.copy_(tensor.reshape(-1))
             ch = self.ring.channels[0]  # clockwise: position == rank
             ch.begin(op_id)
-            meta = {"c": "broadcast", "numel": tensor.numel(), "dtype": str(tensor.dtype), "root": src}
+            meta = {"c": "broadcast", "numel": tensor.numel(), "dtype": str(tensor.dtype), "root": src,
+                    "by": self.caller}
             last = (src - 1) % self.world  # the rank that does not pass it on
             for a, b in _chunks(0, tensor.numel(), self._chunk_elems(work)):
                 piece = raw[a * work.element_size(): b * work.element_size()]
@@ -180,7 +183,7 @@ class Collectives:
             blocks, raw = self._host.get("gather", self.world * tensor.numel(), tensor.dtype)
             blocks = blocks.view(self.world, -1)
             blocks[self.rank].copy_(tensor.reshape(-1))
-            meta = {"c": "all_gather", "numel": tensor.numel(), "dtype": str(tensor.dtype)}
+            meta = {"c": "all_gather", "numel": tensor.numel(), "dtype": str(tensor.dtype), "by": self.caller}
             self._gather_ring(self.ring, op_id, blocks, raw, meta)
             out.copy_(blocks.view(out.shape))
         return out
@@ -192,7 +195,7 @@ class Collectives:
         with self._lock:  # its barriers must not interleave with a collective on another thread
             op_id = self.next_op()  # drawn with shared memory or without, so numbers agree across hosts
             if self.shared_memory and self.local is not None and numel > 0:
-                self.local.announce(Signature(op_id, "shared_tensor", numel, dtype))
+                self.local.announce(Signature(op_id, "shared_tensor", numel, dtype, caller=self.caller))
                 return self.local.shared_tensor(numel, dtype)
         return torch.zeros(numel, dtype=dtype)
 
@@ -365,6 +368,24 @@ class Collectives:
 
     # -- helpers ----------------------------------------------------------------------------
     @contextmanager
+    def on_behalf_of(self, caller: str) -> Iterator[None]:
+        """Collectives this thread issues inside the block come from ``caller`` (one of
+        ``Signature.CALLERS``), which errors about ranks in different collectives then name:
+        "rank 0 is in all_gather of 1 int64, from checkpoint.save" says more than the call."""
+        if caller not in Signature.CALLERS:
+            raise ValueError(f"unknown caller {caller!r}")
+        previous = self.caller
+        self._callers.name = caller
+        try:
+            yield
+        finally:
+            self._callers.name = previous
+
+    @property
+    def caller(self) -> str:
+        return getattr(self._callers, "name", "")
+
+    @contextmanager
     def _collective(self, kind: str, nbytes: int, tensor: torch.Tensor, reduce_op: str = "") -> Iterator[int]:
         """One collective at a time, in issue order; what we are in is visible to the heartbeat
         (the coordinator's stall report names who waits on whom) and to this host's other ranks
@@ -372,9 +393,10 @@ class Collectives:
         A small one (``nbytes``) does its arithmetic on this thread alone."""
         with self._lock, hostops.threads_for(nbytes, self.inline_bytes):
             op_id = self.next_op()
+            caller = self.caller
             if self.local is not None:
-                self.local.announce(Signature(op_id, kind, tensor.numel(), tensor.dtype, reduce_op))
-            self.current = (kind, op_id, time.monotonic())
+                self.local.announce(Signature(op_id, kind, tensor.numel(), tensor.dtype, reduce_op, caller))
+            self.current = (f"{kind} from {caller}" if caller else kind, op_id, time.monotonic())
             try:
                 yield op_id
             finally:

@@ -87,10 +87,10 @@ class DataParallel(nn.Module):
         self._released = 0  # buckets released for averaging in this step: always a prefix, in index order
         self._comm: _CommThread | None = None
         if self.runtime.world_size > 1:
-            with torch.no_grad():
+            with torch.no_grad(), rt.on_behalf_of("DataParallel (start)"):
                 _broadcast_flat([p for _, p in module.named_parameters()], "parameters")
                 _broadcast_flat(list(module.buffers()), "buffers")
-            self._build_buckets(bucket_layout(named, int(first_bucket_mb * 2**20), int(bucket_cap_mb * 2**20)))
+                self._build_buckets(bucket_layout(named, int(first_bucket_mb * 2**20), int(bucket_cap_mb * 2**20)))
             for _, p in named:
                 p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
@@ -131,7 +131,7 @@ class DataParallel(nn.Module):
         if self.training:
             self._check_placement()
         if self.broadcast_buffers and self.runtime.world_size > 1 and self.training:
-            with torch.no_grad():
+            with torch.no_grad(), rt.on_behalf_of("DataParallel (buffers)"):
                 _broadcast_flat(list(self.module.buffers()), "buffers")
         return self.module(*args, **kwargs)
 
@@ -328,7 +328,8 @@ def _average(bucket: Bucket, copied: HostEvent, device: Device, compression: str
     """Average the staged bucket over all ranks and queue its copy back to the device."""
     copied.synchronize()
     name = f"gradient bucket {bucket.index}"
-    rt.all_reduce(bucket.flat if bucket.host is None else bucket.host, "avg", name=name, compression=compression)
+    with rt.on_behalf_of("DataParallel (gradients)"):
+        rt.all_reduce(bucket.flat if bucket.host is None else bucket.host, "avg", name=name, compression=compression)
     if bucket.host is not None:
         device.from_host(bucket.host, bucket.flat)
 

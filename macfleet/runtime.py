@@ -15,8 +15,9 @@ import queue
 import shutil
 import threading
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import zmq
@@ -326,6 +327,16 @@ def report(data: dict[str, Any]) -> None:
     rt = runtime()
     if rt.control is not None:
         rt.control.outbox.put((protocol.REPORT, {"rank": rt.rank, "data": data}))
+
+
+@contextmanager
+def on_behalf_of(caller: str) -> Iterator[None]:
+    """Collectives issued on this thread inside the block come from ``caller`` (macfleet's own
+    callers: DataParallel, checkpoint), so an error about ranks in different collectives can
+    say where the call came from."""
+    rt = runtime()
+    with rt.collectives.on_behalf_of(caller) if rt.collectives is not None else nullcontext():
+        yield
 
 
 def barrier() -> None:

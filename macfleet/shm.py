@@ -57,24 +57,29 @@ class Signature:
     numel: int
     dtype: torch.dtype
     reduce_op: str = ""  # one of REDUCE_OPS
+    caller: str = ""  # one of CALLERS: what in macfleet issued it ("" for the script itself)
 
     KINDS = ("all_reduce", "broadcast", "all_gather", "shared_tensor")
     REDUCE_OPS = ("", "sum", "avg", "max", "min")
+    CALLERS = ("", "DataParallel (start)", "DataParallel (buffers)", "DataParallel (gradients)",
+               "checkpoint.save", "checkpoint.load")
     DTYPES = tuple(sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str))
 
     def words(self) -> tuple[int, int, int]:
         """(OP, WHAT, ELEMENTS) of a control line."""
-        what = (self.KINDS.index(self.kind) << 32) | (self.DTYPES.index(self.dtype) << 16) | \
-            self.REDUCE_OPS.index(self.reduce_op)
+        what = (self.CALLERS.index(self.caller) << 40) | (self.KINDS.index(self.kind) << 32) | \
+            (self.DTYPES.index(self.dtype) << 16) | self.REDUCE_OPS.index(self.reduce_op)
         return self.op, what, self.numel
 
     @classmethod
     def from_words(cls, op: int, what: int, numel: int) -> Signature:
-        return cls(op, cls.KINDS[what >> 32], numel, cls.DTYPES[(what >> 16) & 0xFFFF], cls.REDUCE_OPS[what & 0xFFFF])
+        return cls(op, cls.KINDS[(what >> 32) & 0xFF], numel, cls.DTYPES[(what >> 16) & 0xFFFF],
+                   cls.REDUCE_OPS[what & 0xFFFF], cls.CALLERS[what >> 40])
 
     def __str__(self) -> str:
         what = f"{self.kind} of {self.numel} {str(self.dtype).removeprefix('torch.')}"
-        return f"{what} ({self.reduce_op})" if self.reduce_op else what
+        what = f"{what} ({self.reduce_op})" if self.reduce_op else what
+        return f"{what}, from {self.caller}" if self.caller else what
 
 
 @dataclass

@@ -169,9 +169,12 @@ class Channel:
         # Authentic and in order: a disagreement now is a real mismatch between ranks.
         for key, want in (meta or {}).items():
             if fields.get(key) != want:
+                theirs, ours = fields.get("by"), (meta or {}).get("by")
+                callers = (f"; rank {self.prev_rank}'s is from {theirs or 'the script'}, rank {self.rank}'s "
+                           f"from {ours or 'the script'}") if theirs or ours else ""
                 raise ProtocolError(
                     f"rank {self.prev_rank} and rank {self.rank} disagree on a collective's {key}: "
-                    f"{fields.get(key)!r} != {want!r} (every rank must call the same collectives, "
+                    f"{fields.get(key)!r} != {want!r}{callers} (every rank must call the same collectives, "
                     f"in the same order, on tensors of the same size and dtype)"
                 )
         if fields.get("n") != nbytes:

@@ -109,7 +109,7 @@ def test_a_rank_that_finishes_early_is_named_without_waiting_for_the_stall_timeo
 
 
 @pytest.mark.parametrize("path", ["shared-memory", "sockets"])
-@pytest.mark.parametrize("mismatch", ["numel", "rop", "dtype", "kind"])
+@pytest.mark.parametrize("mismatch", ["numel", "rop", "dtype", "kind", "save"])
 def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, mismatch: str) -> None:
     """One rank calls a collective that differs from the others' (on one host they used to
     reduce each other's bytes through shared memory, or wait at barriers that never met)."""
@@ -118,7 +118,7 @@ def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, misma
     assert job.code != 0 and "returned" not in job.stdout, job.output
     root = job.stderr[job.stderr.index("root cause"):]
     assert "ProtocolError" in root, root
-    named = {"numel": "9", "rop": "max", "dtype": "int32", "kind": "broadcast"}[mismatch]
+    named = {"numel": "9", "rop": "max", "dtype": "int32", "kind": "broadcast", "save": "from checkpoint.save"}[mismatch]
     assert named in root.split("other ranks")[0], root
     assert job.seconds < 20
 

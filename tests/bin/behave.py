@@ -7,7 +7,8 @@ hang. With ``hang`` the others wait
 forever (until stopped). ``env`` prints the environment contract as this rank sees it.
 In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
 others' by its size (``numel``), reduce op (``rop``), dtype (``dtype``) or kind (``kind``: a
-broadcast from rank 0, which is in the all-reduce, so that no rank can finish).
+broadcast from rank 0, which is in the all-reduce, so that no rank can finish) or by being a
+``checkpoint.save`` (the torch DDP habit of saving from one rank only).
 """
 
 import json
@@ -49,7 +50,8 @@ if rank == fail_rank:
 mismatch = {"numel": lambda: macfleet.all_reduce(torch.ones(9)),
             "rop": lambda: macfleet.all_reduce(torch.ones(8), op="max"),
             "dtype": lambda: macfleet.all_reduce(torch.ones(8, dtype=torch.int32)),
-            "kind": lambda: macfleet.broadcast(torch.ones(8), src=0)}
+            "kind": lambda: macfleet.broadcast(torch.ones(8), src=0),
+            "save": lambda: macfleet.checkpoint.save("/nonexistent/never-written.pt", torch.nn.Linear(2, 2))}
 if mode in mismatch:
     result = mismatch[mode]() if rank >= fail_rank else macfleet.all_reduce(torch.ones(8))
     print(f"returned {result.tolist()}", flush=True)  # what the test must never see
