@@ -390,8 +390,10 @@ class Collectives:
         """One collective at a time, in issue order; what we are in is visible to the heartbeat
         (the coordinator's stall report names who waits on whom) and to this host's other ranks
         (``LocalGroup.announce``: ranks in different collectives fail instead of mixing bytes).
-        A small one (``nbytes``) does its arithmetic on this thread alone."""
-        with self._lock, hostops.threads_for(nbytes, self.inline_bytes):
+        A small one (``nbytes``) does its arithmetic on this thread alone. Autograd stays out
+        of it, as of torch.distributed's: a parameter is reduced or broadcast in place, as
+        ``dist.broadcast(p, 0)`` does, rather than refused as a leaf that requires grad."""
+        with self._lock, hostops.threads_for(nbytes, self.inline_bytes), torch.no_grad():
             op_id = self.next_op()
             caller = self.caller
             if self.local is not None:

@@ -31,6 +31,7 @@ def cases(draw: st.DrawFn) -> dict:
     return {
         "kind": kind, "dtype": dtype, "numel": draw(SIZES), "seed": draw(st.integers(0, 10**6)),
         "op": draw(st.sampled_from(ops)), "src": draw(st.integers(0, 7)), "shared": draw(st.booleans()),
+        "leaf": draw(st.booleans()),
     }
 
 
@@ -86,6 +87,21 @@ def test_all_reduce_of_more_than_100_mib_is_exact(tmp_path) -> None:
         {"kind": "all_reduce", "dtype": "float32", "numel": numel, "seed": 7, "op": "sum", "src": 0},
         {"kind": "all_reduce", "dtype": "int64", "numel": numel // 2, "seed": 8, "op": "max", "src": 0},
     ], env={"MACFLEET_STREAMS": "2"})
+
+
+@pytest.mark.parametrize("path", ["w3-shm-tiny-slots", "w3-tcp-tiny-chunks-2-streams"])
+def test_tensors_that_require_grad_are_reduced_in_place(tmp_path, path: str) -> None:
+    """Parameters, as ``dist.broadcast(p, 0)`` and ``dist.all_reduce(p)`` take them: autograd
+    refused our in-place writes into a leaf that requires grad (drawn above only by chance)."""
+    world, env = PATHS[path]
+    run_cases(tmp_path, world, [
+        {"kind": kind, "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, "leaf": True,
+         "shared": shared}
+        for seed, (kind, dtype, numel, op, shared) in enumerate([
+            ("all_reduce", "float32", 1000, "avg", False), ("all_reduce", "float32", 300_001, "sum", False),
+            ("all_reduce", "float32", 5000, "sum", True), ("all_reduce", "bfloat16", 999, "max", False),
+            ("broadcast", "float32", 70_001, "sum", False), ("all_gather", "float16", 77, "sum", False)])
+    ], env)
 
 
 @settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -1,7 +1,8 @@
 """Run collective cases from a JSON file and check each against an independent computation.
 
 A case with ``shared`` puts its input in ``macfleet.host_tensor`` memory (reduced in place
-where the ranks share memory). A case with ``compression`` (an all-reduce of floats) takes
+where the ranks share memory); one with ``leaf`` (floats) makes it a tensor that requires
+grad, as a parameter is (``dist.broadcast(p, 0)`` works on one, and so must ours). A case with ``compression`` (an all-reduce of floats) takes
 random normal inputs, which half precision cannot hold exactly: its result must be within a
 bound of the exact one and bit-identical on every rank. Every rank can rebuild every rank's
 input from the case seed, so the expected result is computed here in float64/int64 with plain
@@ -54,6 +55,8 @@ def run(case, rank, world):
     t = make_input(case, rank)
     if case.get("shared"):  # every rank allocates it, in the same order: a collective
         t = macfleet.host_tensor(t.numel(), t.dtype).copy_(t)
+    if case.get("leaf") and t.dtype.is_floating_point:
+        t.requires_grad_()
     if case.get("compression"):
         return check_compressed(case, t, world)
     if case["kind"] == "all_reduce":
