@@ -48,3 +48,14 @@ def test_mnist_example_learns_in_one_epoch_on_two_processes(tmp_path) -> None:
     assert metrics["world_size"] == 2
     assert metrics["final_test_accuracy"] >= 0.9
     assert (tmp_path / "model.pt").exists()
+
+
+def test_mnist_example_refuses_a_train_url_it_cannot_write_before_training(tmp_path) -> None:
+    """Rank 0 alone writes --train-url, at the end of the first epoch: a bad one used to cost
+    that epoch, then a traceback from checkpoint.save."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    job = run_launch("--nproc", "2", str(MNIST), "--epochs", "1", "--train-url", str(blocker / "out"), timeout=120)
+    assert job.code == 2, job.output
+    assert "--train-url" in job.stderr and "Not a directory" in job.stderr, job.stderr
+    assert "epoch 1/1" not in job.stdout

@@ -25,12 +25,19 @@ from data import download, load_idx_dir, synthetic_digits
 
 # -----------------------------------------------------------------------------
 # config
+def positive(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--data-url", default=None, help="directory holding (or receiving) the MNIST IDX files")
 parser.add_argument("--download", action="store_true", help="fetch MNIST into --data-url if missing")
 parser.add_argument("--train-url", default=None, help="directory for the final checkpoint and metrics.json")
-parser.add_argument("--batch-size", type=int, default=64, help="per process; the global batch is this x ranks")
-parser.add_argument("--epochs", type=int, default=15)
+parser.add_argument("--batch-size", type=positive, default=64, help="per process; the global batch is this x ranks")
+parser.add_argument("--epochs", type=positive, default=15)
 parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
 parser.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
 parser.add_argument("--device", default=None, help="auto, mps, cuda or cpu (default: the launcher's choice)")
@@ -38,6 +45,13 @@ parser.add_argument("--checkpoint-every", type=int, default=0, help="also checkp
 parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --train-url")
 parser.add_argument("--amp", action="store_true", help="bfloat16 autocast (fp32 weights; no GradScaler needed)")
 args = parser.parse_args()
+if args.train_url and int(os.environ.get("RANK", "0")) == 0:  # only rank 0 writes; say so now, not after an epoch
+    try:
+        os.makedirs(args.train_url, exist_ok=True)
+    except OSError as exc:
+        parser.error(f"--train-url {args.train_url}: {exc.strerror}")
+    if not os.access(args.train_url, os.W_OK):
+        parser.error(f"--train-url {args.train_url}: not writable")
 
 # -----------------------------------------------------------------------------
 # distributed setup: with plain `python` this is a job of one
