@@ -69,6 +69,13 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     if _runtime is not None:
         return _runtime
     env = WorkerEnv.from_environ()
+    if env.coordinator is None and env.world_size > 1:
+        # torchrun, mpirun or a scheduler set WORLD_SIZE, but no macfleet launcher started us:
+        # going on alone would train every rank on its shard with nothing averaged, silently.
+        raise ConfigError(
+            f"WORLD_SIZE={env.world_size} is set, but this process was not started by macfleet launch "
+            f"(MACFLEET_COORDINATOR is not set, as under torchrun): run the script with "
+            f"`macfleet launch --nproc {env.world_size} SCRIPT`, or unset WORLD_SIZE to train in one process")
     os.environ.pop("MACFLEET_JOB_SECRET", None)  # the script's own subprocesses have no business with it
     dev = backends.select(device or env.device, env.local_rank)
     dev.apply_memory_fraction(env.memory_fraction)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 import struct
 import subprocess
@@ -30,6 +31,17 @@ SECRET = b"k" * 32
 def test_no_launcher_means_a_job_of_one() -> None:
     env = WorkerEnv.from_environ({})
     assert (env.rank, env.world_size, env.distributed) == (0, 1, False)
+
+
+def test_a_world_size_from_another_launcher_is_refused_not_trained_alone() -> None:
+    """Under torchrun (WORLD_SIZE set, no coordinator) each rank used to train on its shard
+    alone, all_reduce returning its input unchanged."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MACFLEET_")}
+    env.update(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1")
+    script = "import macfleet, torch; macfleet.init(); print(macfleet.all_reduce(torch.ones(1)).item())"
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and proc.stdout == "", proc.stdout
+    assert "ConfigError" in proc.stderr and "macfleet launch --nproc 2" in proc.stderr, proc.stderr
 
 
 def test_every_exported_name_resolves_and_every_lazy_name_is_exported() -> None:
