@@ -17,7 +17,8 @@ class DistributedSampler(Sampler[int]):
     indices so every rank runs the same number of steps (``drop_last`` drops the tail instead):
     unequal step counts would leave one rank waiting in a collective the others never start.
     ``state_dict`` records the epoch and how far the shard has been consumed, so a restarted job
-    resumes mid-epoch.
+    resumes mid-epoch: after ``load_state_dict``, the usual ``set_epoch(epoch)`` at the top of
+    the saved epoch starts where the checkpoint left off (once; later epochs start at 0).
     """
 
     def __init__(self, dataset: Sized | int, num_replicas: int | None = None, rank: int | None = None,
@@ -35,6 +36,7 @@ class DistributedSampler(Sampler[int]):
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
         self.start = 0  # samples of this epoch's shard already consumed (for resume)
+        self._resume: tuple[int, int] | None = None  # (epoch, start) from load_state_dict, for set_epoch
         if drop_last:
             self.num_samples = self.length // num_replicas
         else:
@@ -56,8 +58,13 @@ class DistributedSampler(Sampler[int]):
     def __len__(self) -> int:
         return self.num_samples - self.start
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Call at the start of every epoch, with the same value on every rank."""
+    def set_epoch(self, epoch: int, start: int | None = None) -> None:
+        """Call at the start of every epoch, with the same value on every rank. ``start``: how
+        many samples of this rank's shard to skip (default: those a loaded checkpoint had
+        consumed, if it was saved in this epoch; else none)."""
+        resume, self._resume = self._resume, None
+        if start is None:
+            start = resume[1] if resume is not None and resume[0] == epoch else 0
         self.epoch, self.start = epoch, start
 
     def state_dict(self, consumed: int = 0) -> dict[str, Any]:
@@ -65,3 +72,4 @@ class DistributedSampler(Sampler[int]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.start, self.seed = int(state["epoch"]), int(state["start"]), int(state["seed"])
+        self._resume = (self.epoch, self.start)

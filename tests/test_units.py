@@ -153,6 +153,15 @@ def test_epochs_reshuffle_and_resume_mid_epoch() -> None:
     resumed = DistributedSampler(100, num_replicas=2, rank=1, seed=0)
     resumed.load_state_dict(state)
     assert list(resumed) == first[10:] and len(resumed) == 40
+    resumed.load_state_dict(state)  # the training loop's own set_epoch keeps the resume point
+    resumed.set_epoch(0)
+    assert list(resumed) == first[10:]
+    resumed.set_epoch(0)  # once: the next time round the epoch is whole
+    assert list(resumed) == first
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)  # the checkpoint's epoch is not this one
+    s.set_epoch(1)
+    assert list(resumed) == list(s)
 
 
 # -- device rules -----------------------------------------------------------------------------

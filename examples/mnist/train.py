@@ -139,13 +139,13 @@ def evaluate():
 # resume: after a restart (or with --resume) continue from the last checkpoint
 checkpoint_path = os.path.join(args.train_url, "checkpoint.pt") if args.train_url else None
 restarted = int(os.environ.get("MACFLEET_RESTART_COUNT", "0")) > 0
-start_epoch, step, history, resumed = 0, 0, [], False
+start_epoch, step, history = 0, 0, []
 if checkpoint_path and (args.resume or restarted):
     # rank 0 decides: the other hosts may not see rank 0's disk
     found = macfleet.broadcast(torch.tensor([int(master and os.path.exists(checkpoint_path))]))
     if found.item():
         state = macfleet.checkpoint.load(checkpoint_path, model, optimizer, sampler)
-        start_epoch, step, history, resumed = state.epoch, state.step, state.extra.get("history", []), True
+        start_epoch, step, history = state.epoch, state.step, state.extra.get("history", [])
         log(f"resumed from {checkpoint_path}: epoch {start_epoch + 1}, step {step}")
 
 # -----------------------------------------------------------------------------
@@ -154,7 +154,7 @@ log(f"training on {world} process{'es' if world > 1 else ''}, device {device}, "
     f"global batch {args.batch_size * world}")
 for epoch in range(start_epoch, args.epochs):
     # same shuffle on every rank, different shard; a resumed epoch skips what was already done
-    sampler.set_epoch(epoch, start=sampler.start if resumed and epoch == start_epoch else 0)
+    sampler.set_epoch(epoch)
     started, total_loss, steps, consumed = time.perf_counter(), torch.zeros(()), 0, 0
     for x, y in loader:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
