@@ -154,6 +154,7 @@ class Coordinator:
                                                               not str(msg.get("device")).startswith("mps") else "")
         local_rank = msg.get("local_rank", 0)
         self.local_ranks[rank] = local_rank if isinstance(local_rank, int) else 0
+        self._check_never_joined()
         if len(self.registered) == self.world_size:
             table = [[r, eps, self.local_ranks[r]] for r, eps in sorted(self.registered.items())]
             for r in range(self.world_size):
@@ -237,6 +238,24 @@ class Coordinator:
         if exit_.code != 0:
             what = f"signal {exit_.signal}" if exit_.signal else f"exit code {exit_.code}"
             self.fail(Failure(exit_.time, f"rank {exit_.rank} ({exit_.host}) failed with {what}", exit_.rank, exit_))
+        self._check_never_joined()
+
+    def _check_never_joined(self) -> None:
+        """The peer table needs every rank. One that finished without registering (it never
+        called macfleet.init(), as a script that uses torch.distributed alone does not) leaves
+        any rank that did register waiting for the rendezvous timeout: say so now. A job
+        where no rank registers is such a script, and fine."""
+        if self.aborted is not None or not self.registered:
+            return
+        gone = sorted(r for r in self.exits if r not in self.registered)
+        if gone:
+            who = ", ".join(f"{r} ({self.exits[r].host})" for r in gone)
+            waiting = ", ".join(str(r) for r in sorted(self.registered))
+            self.fail(Failure(time.time(), (
+                f"rank{'s' if len(gone) > 1 else ''} {who} exited (code {self.exits[gone[0]].code}) without "
+                f"joining the job, while rank{'s' if len(self.registered) > 1 else ''} {waiting} called "
+                f"macfleet.init() and wait{'' if len(self.registered) > 1 else 's'} for every rank: every rank "
+                f"must call macfleet.init()"), gone[0]))
 
     def _on_bye(self, msg: dict[str, Any], peer: Peer) -> None:
         peer.watched = False  # a finished rank is not a hung one

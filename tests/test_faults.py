@@ -108,6 +108,17 @@ def test_a_rank_that_finishes_early_is_named_without_waiting_for_the_stall_timeo
     assert job.seconds < 15
 
 
+def test_a_rank_that_never_joins_is_named_without_waiting_for_the_rendezvous_timeout() -> None:
+    """Rank 1 exits 0 before macfleet.init(): ranks 0 and 2 waited for the peer table until the
+    launch was killed (the rendezvous timeout is 10 minutes)."""
+    job = run_launch("--nproc", "3", BEHAVE, "1", "no-init", timeout=60)
+    assert job.code != 0 and "finished" not in job.stdout, job.output
+    root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+    assert "rank 1 (localhost) exited (code 0) without joining the job" in root, root
+    assert "ranks 0, 2 called macfleet.init()" in root, root
+    assert job.seconds < 20
+
+
 @pytest.mark.parametrize("path", ["shared-memory", "sockets"])
 @pytest.mark.parametrize("mismatch", ["numel", "rop", "dtype", "kind", "save"])
 def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, mismatch: str) -> None:

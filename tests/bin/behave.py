@@ -1,7 +1,8 @@
 """A rank that does what the test asks: ``behave.py FAIL_RANK MODE``.
 
 Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by MODE
-(``raise``, ``exit3``, ``sigkill``, ``early``: shut down and exit 0, ``none``) while the
+(``raise``, ``exit3``, ``sigkill``, ``early``: shut down and exit 0, ``no-init``: exit 0
+before ``macfleet.init()``, ``none``) while the
 others wait in all-reduces, which a failure elsewhere must turn into an error rather than a
 hang. With ``hang`` the others wait
 forever (until stopped). ``env`` prints the environment contract as this rank sees it.
@@ -21,6 +22,8 @@ import torch
 import macfleet
 
 fail_rank, mode = int(sys.argv[1]), sys.argv[2]
+if mode == "no-init" and int(os.environ["RANK"]) == fail_rank:  # finishes without ever joining
+    sys.exit(0)
 macfleet.init()
 rank = macfleet.rank()
 if mode == "env":
