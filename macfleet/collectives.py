@@ -21,7 +21,7 @@ import ctypes
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator
 
 import torch
@@ -100,6 +100,7 @@ class Collectives:
         self._op = 0
         self._lock = threading.Lock()  # collectives are issued one at a time, in the same order everywhere
         self._callers = threading.local()  # what in macfleet issues this thread's collectives (on_behalf_of)
+        self._by = ""  # the caller of the collective in progress, for its headers
         extra = len(ring.channels) - 1
         self._pool = ThreadPoolExecutor(extra, thread_name_prefix="macfleet-ring") if extra else None
         self._host = HostBuffers()
@@ -130,7 +131,7 @@ class Collectives:
                 work, raw = self._host.get("reduce", numel, work_dtype)
             wire = WIRE_DTYPES[compression] if work_dtype.is_floating_point else None
             meta = {"c": "all_reduce", "numel": numel, "dtype": str(tensor.dtype), "rop": op, "wire": str(wire),
-                    "by": self.caller}
+                    "by": self._by}
             reducer = REDUCERS[op]
             # Through shared memory whatever the size: its barrier costs microseconds, so even a
             # 4 KiB all-reduce is faster there than one pass round the ring (benchmarks/).
@@ -160,7 +161,7 @@ class Collectives:
             ch = self.ring.channels[0]  # clockwise: position == rank
             ch.begin(op_id)
             meta = {"c": "broadcast", "numel": tensor.numel(), "dtype": str(tensor.dtype), "root": src,
-                    "by": self.caller}
+                    "by": self._by}
             last = (src - 1) % self.world  # the rank that does not pass it on
             for a, b in _chunks(0, tensor.numel(), self._chunk_elems(work)):
                 piece = raw[a * work.element_size(): b * work.element_size()]
@@ -183,7 +184,7 @@ class Collectives:
             blocks, raw = self._host.get("gather", self.world * tensor.numel(), tensor.dtype)
             blocks = blocks.view(self.world, -1)
             blocks[self.rank].copy_(tensor.reshape(-1))
-            meta = {"c": "all_gather", "numel": tensor.numel(), "dtype": str(tensor.dtype), "by": self.caller}
+            meta = {"c": "all_gather", "numel": tensor.numel(), "dtype": str(tensor.dtype), "by": self._by}
             self._gather_ring(self.ring, op_id, blocks, raw, meta)
             out.copy_(blocks.view(out.shape))
         return out
@@ -393,9 +394,11 @@ class Collectives:
         A small one (``nbytes``) does its arithmetic on this thread alone. Autograd stays out
         of it, as of torch.distributed's: a parameter is reduced or broadcast in place, as
         ``dist.broadcast(p, 0)`` does, rather than refused as a leaf that requires grad."""
-        with self._lock, hostops.threads_for(nbytes, self.inline_bytes), torch.no_grad():
+        # no_grad costs 2-3 us: only a tensor that requires grad needs it
+        outside_autograd = torch.no_grad() if tensor.requires_grad else nullcontext()
+        with self._lock, hostops.threads_for(nbytes, self.inline_bytes), outside_autograd:
             op_id = self.next_op()
-            caller = self.caller
+            caller = self._by = self.caller
             if self.local is not None:
                 self.local.announce(Signature(op_id, kind, tensor.numel(), tensor.dtype, reduce_op, caller))
             self.current = (f"{kind} from {caller}" if caller else kind, op_id, time.monotonic())
