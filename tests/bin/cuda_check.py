@@ -32,6 +32,13 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
 b = torch.full((7,), float(rank), device=dev)
 macfleet.broadcast(b, 1 % world)
 out["broadcast"] = bool((b.cpu() == 1 % world).all())
+# a CUDA parameter (a leaf that requires grad), broadcast and averaged in place as dist's are
+p = nn.Parameter(torch.full((1000,), float(rank), device=dev))
+macfleet.broadcast(p, world - 1)
+first = bool((p.detach().cpu() == world - 1).all())
+p.data.fill_(float(rank))
+macfleet.all_reduce(p, "avg")
+out["parameter_in_place"] = first and bool((p.detach().cpu() == (world - 1) / 2).all()) and p.requires_grad
 # the training oracle on the GPU: the whole model in one bucket, then a bucket per module
 # (the communication thread), the first wrapper freed before the second is built
 
