@@ -392,8 +392,8 @@ class Collectives:
         (the coordinator's stall report names who waits on whom) and to this host's other ranks
         (``LocalGroup.announce``: ranks in different collectives fail instead of mixing bytes).
         A small one (``nbytes``) does its arithmetic on this thread alone. Autograd stays out
-        of it, as of torch.distributed's: a parameter is reduced or broadcast in place, as
-        ``dist.broadcast(p, 0)`` does, rather than refused as a leaf that requires grad."""
+        of it, as it does of torch.distributed's: a parameter is reduced or broadcast in place,
+        as by ``dist.broadcast(p, 0)``, rather than refused as a leaf that requires grad."""
         # no_grad costs 2-3 us: only a tensor that requires grad needs it
         outside_autograd = torch.no_grad() if tensor.requires_grad else nullcontext()
         with self._lock, hostops.threads_for(nbytes, self.inline_bytes), outside_autograd:
