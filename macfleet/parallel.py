@@ -120,19 +120,19 @@ class DataParallel(nn.Module):
 
     # -- training-time behaviour --------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self._queued and self.training:
-            # Autograd drops the end-of-backward callback when backward raises: this rank released
-            # some buckets and not others, and the other ranks wait for the rest. Going on would
-            # step on gradients that were never averaged (DDP refuses too, at its next backward).
-            raise ProtocolError(
-                "the previous backward raised before DataParallel had averaged its gradients, so this "
-                "rank is out of step with the others and cannot train on; let that exception end the "
-                "process (macfleet launch --max-restarts N restarts the job from its last checkpoint)")
         if self.training:
+            if self._queued:
+                # Autograd drops the end-of-backward callback when backward raises: this rank released
+                # some buckets and not others, and the other ranks wait for the rest. Going on would
+                # step on gradients that were never averaged (DDP refuses too, at its next backward).
+                raise ProtocolError(
+                    "the previous backward raised before DataParallel had averaged its gradients, so this "
+                    "rank is out of step with the others and cannot train on; let that exception end the "
+                    "process (macfleet launch --max-restarts N restarts the job from its last checkpoint)")
             self._check_placement()
-        if self.broadcast_buffers and self.runtime.world_size > 1 and self.training:
-            with torch.no_grad(), rt.on_behalf_of("DataParallel (buffers)"):
-                _broadcast_flat(list(self.module.buffers()), "buffers")
+            if self.broadcast_buffers and self.runtime.world_size > 1:
+                with torch.no_grad(), rt.on_behalf_of("DataParallel (buffers)"):
+                    _broadcast_flat(list(self.module.buffers()), "buffers")
         return self.module(*args, **kwargs)
 
     def _check_placement(self) -> None:

@@ -184,7 +184,6 @@ for epoch in range(start_epoch, args.epochs):
 # -----------------------------------------------------------------------------
 # results
 if master and args.train_url:
-    os.makedirs(args.train_url, exist_ok=True)
     torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "args": vars(args)},
                os.path.join(args.train_url, "model.pt"))
     with open(os.path.join(args.train_url, "metrics.json"), "w") as f:

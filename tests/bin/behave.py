@@ -2,10 +2,9 @@
 
 Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by MODE
 (``raise``, ``exit3``, ``sigkill``, ``early``: shut down and exit 0, ``no-init``: exit 0
-before ``macfleet.init()``, ``none``) while the
-others wait in all-reduces, which a failure elsewhere must turn into an error rather than a
-hang. With ``hang`` the others wait
-forever (until stopped). ``env`` prints the environment contract as this rank sees it.
+before ``macfleet.init()``, ``none``) while the others wait in all-reduces, which a failure
+elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
+(until stopped). ``env`` prints the environment contract as this rank sees it.
 In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
 others' by its size (``numel``), reduce op (``rop``), dtype (``dtype``) or kind (``kind``: a
 broadcast from rank 0, which is in the all-reduce, so that no rank can finish) or by being a

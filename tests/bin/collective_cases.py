@@ -1,13 +1,13 @@
 """Run collective cases from a JSON file and check each against an independent computation.
 
 A case with ``shared`` puts its input in ``macfleet.host_tensor`` memory (reduced in place
-where the ranks share memory); one with ``leaf`` (floats) makes it a tensor that requires
-grad, as a parameter is (``dist.broadcast(p, 0)`` works on one, and so must ours). A case with ``compression`` (an all-reduce of floats) takes
-random normal inputs, which half precision cannot hold exactly: its result must be within a
-bound of the exact one and bit-identical on every rank. Every rank can rebuild every rank's
-input from the case seed, so the expected result is computed here in float64/int64 with plain
-torch, not with macfleet. Writes ``OUT/rank-R.json`` with the failures found (an empty list
-when all cases are exact).
+where the ranks share memory); one with ``leaf`` (floats) makes it a tensor that requires grad,
+as a parameter is (``dist.broadcast(p, 0)`` works on one, and so must ours). A case with
+``compression`` (an all-reduce of floats) takes random normal inputs, which half precision
+cannot hold exactly: its result must be within a bound of the exact one and bit-identical on
+every rank. Every rank can rebuild every rank's input from the case seed, so the expected
+result is computed here in float64/int64 with plain torch, not with macfleet. Writes
+``OUT/rank-R.json`` with the failures found (an empty list when all cases are exact).
 """
 
 import json
