@@ -71,6 +71,7 @@ class Coordinator:
         self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
         self.last_ops: dict[int, int] = {}  # rank -> the last collective it drew, sent when it shut down
+        self.waits: dict[int, tuple[float, float]] = {}  # rank -> (seconds it waited on the others, seconds it ran)
         self._seq = 0
         self._next_beat = 0.0
 
@@ -260,8 +261,13 @@ class Coordinator:
     def _on_bye(self, msg: dict[str, Any], peer: Peer) -> None:
         peer.watched = False  # a finished rank is not a hung one
         sender, last_op = str(msg.get("from")), msg.get("last_op")
-        if sender.startswith("rank-") and isinstance(last_op, int):
+        if not sender.startswith("rank-"):
+            return
+        if isinstance(last_op, int):
             self.last_ops[int(sender[5:])] = last_op
+        waited, ran = msg.get("waited_s"), msg.get("ran_s")
+        if isinstance(waited, (int, float)) and isinstance(ran, (int, float)) and waited >= 0 and ran > 0:
+            self.waits[int(sender[5:])] = (float(waited), float(ran))
 
     def _on_done(self, msg: dict[str, Any], peer: Peer) -> None:
         index = msg.get("host_index")

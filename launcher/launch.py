@@ -22,7 +22,7 @@ from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
 from macfleet.netaddr import route_source
-from macfleet.launcher.report import failure_report, facts_table, versions_differ
+from macfleet.launcher.report import failure_report, facts_table, pace_report, versions_differ
 from macfleet.protocol import AgentSpec
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -232,6 +232,8 @@ def _result(cfg: LaunchConfig, coord: Coordinator, interrupted: list[int]) -> in
     if root is None:
         missing = [r for r in range(cfg.world_size) if r not in coord.exits]
         if not missing:
+            for line in pace_report(coord.waits, coord.hosts, cfg.world_size):
+                log(line)
             return 0
         root = Failure(time.time(), f"ranks {missing} never reported an exit")
     print(failure_report(root, coord.exits, cfg.world_size), file=sys.stderr, flush=True)

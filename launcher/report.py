@@ -63,3 +63,43 @@ def facts_table(names: list[str], facts: list[dict]) -> str:
                              for c in columns)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
+
+
+PACE_SPREAD = 0.10  # a gap this large between the ranks' waiting shares names the ranks that set the pace
+COMMUNICATION_BOUND = 0.30  # every rank waiting this much of its time: communication sets the pace
+LISTED_RANKS = 8  # more ranks than this are summed up (least, median, most) rather than listed
+
+
+def pace_report(waits: dict[int, tuple[float, float]], hosts: dict[int, str], world_size: int) -> list[str]:
+    """After a job that finished: what share of its time each rank spent waiting on the others
+    and the network, and who set the pace. On a fleet of mixed Macs the slowest one never waits:
+    every other rank waits for it at each exchange (Horovod's timeline shows this; the launcher
+    can say it in a line). Nothing when a rank did not report or the job was one rank."""
+    if world_size < 2 or len(waits) < world_size:
+        return []
+    share = {r: waited / ran for r, (waited, ran) in waits.items()}
+    multi_host = len(set(hosts.values())) > 1
+
+    def name(r: int) -> str:
+        return f"rank {r} ({hosts.get(r, '?')})" if multi_host else f"rank {r}"
+
+    ranks = sorted(share, key=lambda r: (share[r], r))
+    if world_size <= LISTED_RANKS:
+        listed = ", ".join(f"{name(r)} {share[r]:.0%}" for r in sorted(share))
+    else:
+        middle = ranks[len(ranks) // 2]
+        listed = (f"least {share[ranks[0]]:.0%} ({name(ranks[0])}), median {share[middle]:.0%}, "
+                  f"most {share[ranks[-1]]:.0%} ({name(ranks[-1])})")
+    lines = [f"share of each rank's time spent waiting on communication and on other ranks: {listed}"]
+    low, high = share[ranks[0]], share[ranks[-1]]
+    if high - low >= PACE_SPREAD:
+        slow = [r for r in ranks if share[r] < low + (high - low) / 2]
+        where = sorted({hosts.get(r, "?") for r in slow})
+        who = (f"rank{'s' if len(slow) > 1 else ''} {', '.join(str(r) for r in sorted(slow))}"
+               + (f" (on {', '.join(where)})" if multi_host else ""))
+        lines.append(f"{who} set{'' if len(slow) > 1 else 's'} the pace: the other ranks spent up to "
+                     f"{high - low:.0%} more of their time waiting for {'them' if len(slow) > 1 else 'it'}")
+    elif low >= COMMUNICATION_BOUND:
+        lines.append(f"communication sets the pace: every rank spent at least {low:.0%} of its time in it"
+                     + (" (macfleet doctor measures the links between the hosts)" if multi_host else ""))
+    return lines

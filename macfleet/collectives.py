@@ -95,11 +95,13 @@ class Collectives:
         self.inline_bytes = inline_bytes
         self.zero_copy_bytes = zero_copy_bytes
         self.ops_done = 0  # progress counter, read by the heartbeat
+        self.started = time.monotonic()
+        self.waited_s = 0.0  # time the script's threads spent blocked in macfleet (``waiting``)
         self.current: tuple[str, int, float] | None = None  # (collective, op id, since): what we wait in
         self.last_algorithm = ""  # which path the last all_reduce took (for benchmarks)
         self._op = 0
         self._lock = threading.Lock()  # collectives are issued one at a time, in the same order everywhere
-        self._callers = threading.local()  # what in macfleet issues this thread's collectives (on_behalf_of)
+        self._thread = threading.local()  # this thread's caller (on_behalf_of) and waiting state (waiting)
         self._by = ""  # the caller of the collective in progress, for its headers
         extra = len(ring.channels) - 1
         self._pool = ThreadPoolExecutor(extra, thread_name_prefix="macfleet-ring") if extra else None
@@ -193,7 +195,7 @@ class Collectives:
         """A zeroed flat host tensor that ``all_reduce`` reduces without copying it in or out
         where this host's ranks share memory (``LocalGroup.shared_tensor``); a plain one
         elsewhere. A collective: every rank calls it in the same order with the same size."""
-        with self._lock:  # its barriers must not interleave with a collective on another thread
+        with self.waiting(), self._lock:  # its barriers must not interleave with a collective on another thread
             op_id = self.next_op()  # drawn with shared memory or without, so numbers agree across hosts
             if self.shared_memory and self.local is not None and numel > 0:
                 self.local.announce(Signature(op_id, "shared_tensor", numel, dtype, caller=self.caller))
@@ -376,15 +378,51 @@ class Collectives:
         if caller not in Signature.CALLERS:
             raise ValueError(f"unknown caller {caller!r}")
         previous = self.caller
-        self._callers.name = caller
+        self._thread.name = caller
         try:
             yield
         finally:
-            self._callers.name = previous
+            self._thread.name = previous
 
     @property
     def caller(self) -> str:
-        return getattr(self._callers, "name", "")
+        return getattr(self._thread, "name", "")
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Count the time this thread spends in the block as time the script waited for the
+        other ranks and the network (``waited_s``; the launcher's end-of-job line compares the
+        ranks' shares, and the rank that waits least is the one the others wait for). Nested
+        blocks count once. A thread ``in_background`` never counts: DataParallel's communication
+        thread exchanges while backward computes, and only the end of backward's wait for it is
+        time lost."""
+        started = self._start_waiting()
+        try:
+            yield
+        finally:
+            self._stop_waiting(started)
+
+    def _start_waiting(self) -> float | None:
+        """When this thread starts to wait (None: it already waits, or does not count)."""
+        state = self._thread
+        if getattr(state, "counting", False) or getattr(state, "background", False):
+            return None
+        state.counting = True
+        return time.monotonic()
+
+    def _stop_waiting(self, started: float | None) -> None:
+        if started is not None:
+            self._thread.counting = False
+            self.waited_s += time.monotonic() - started
+
+    @contextmanager
+    def in_background(self) -> Iterator[None]:
+        """This thread's collectives overlap the script's work: ``waiting`` does not count them."""
+        self._thread.background = True
+        try:
+            yield
+        finally:
+            self._thread.background = False
 
     @contextmanager
     def _collective(self, kind: str, nbytes: int, tensor: torch.Tensor, reduce_op: str = "") -> Iterator[int]:
@@ -396,17 +434,21 @@ class Collectives:
         as by ``dist.broadcast(p, 0)``, rather than refused as a leaf that requires grad."""
         # no_grad costs 2-3 us: only a tensor that requires grad needs it
         outside_autograd = torch.no_grad() if tensor.requires_grad else nullcontext()
-        with self._lock, hostops.threads_for(nbytes, self.inline_bytes), outside_autograd:
-            op_id = self.next_op()
-            caller = self._by = self.caller
-            if self.local is not None:
-                self.local.announce(Signature(op_id, kind, tensor.numel(), tensor.dtype, reduce_op, caller))
-            self.current = (f"{kind} from {caller}" if caller else kind, op_id, time.monotonic())
-            try:
-                yield op_id
-            finally:
-                self.current = None
-                self.ops_done += 1
+        waiting = self._start_waiting()  # inline, not self.waiting(): a generator costs 1-2 us a collective
+        try:
+            with self._lock, hostops.threads_for(nbytes, self.inline_bytes), outside_autograd:
+                op_id = self.next_op()
+                caller = self._by = self.caller
+                if self.local is not None:
+                    self.local.announce(Signature(op_id, kind, tensor.numel(), tensor.dtype, reduce_op, caller))
+                self.current = (f"{kind} from {caller}" if caller else kind, op_id, time.monotonic())
+                try:
+                    yield op_id
+                finally:
+                    self.current = None
+                    self.ops_done += 1
+        finally:
+            self._stop_waiting(waiting)
 
     def status(self) -> dict:
         current = self.current

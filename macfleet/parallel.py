@@ -222,15 +222,16 @@ class DataParallel(nn.Module):
             if not bucket.pending and comm is not None:
                 self._complete(bucket, comm)
         started = time.perf_counter()
-        if comm is not None:
-            comm.wait(self.buckets)
-        else:
-            bucket, shared = self.buckets[0], _CommThread.existing(self.runtime)
-            if shared is not None and not shared.idle():  # after what another model released, in order
-                shared.hand_over(bucket, device.record_event(), [bucket], self.compression)
-                shared.wait(self.buckets)
+        with rt.waiting():  # the time this rank's training loop loses to the exchange and to slower ranks
+            if comm is not None:
+                comm.wait(self.buckets)
             else:
-                _average(bucket, _stage(bucket, device.record_event(), device), device, self.compression)
+                bucket, shared = self.buckets[0], _CommThread.existing(self.runtime)
+                if shared is not None and not shared.idle():  # after what another model released, in order
+                    shared.hand_over(bucket, device.record_event(), [bucket], self.compression)
+                    shared.wait(self.buckets)
+                else:
+                    _average(bucket, _stage(bucket, device.record_event(), device), device, self.compression)
         device.staged()  # later device work (optimizer.step) sees the averaged gradients
         self.last_wait_s = time.perf_counter() - started
 
@@ -246,7 +247,7 @@ class _CommThread:
         """The process's thread (a new runtime, after shutdown and init, gets a new one)."""
         with cls._creating:
             if cls._current is None or cls._current[0] is not runtime:
-                cls._current = (runtime, cls(runtime.device))
+                cls._current = (runtime, cls(runtime))
             return cls._current[1]
 
     @classmethod
@@ -254,8 +255,9 @@ class _CommThread:
         current = cls._current
         return current[1] if current is not None and current[0] is runtime else None
 
-    def __init__(self, device: Device) -> None:
-        self.device = device
+    def __init__(self, runtime: rt.Runtime) -> None:
+        self.device = runtime.device
+        self.collectives = runtime.collectives
         self.inbox: queue.Queue[tuple[Bucket, HostEvent, list[Bucket], str]] = queue.Queue()
         self.done = threading.Condition()
         self.released = self.finished = 0  # buckets, since the start
@@ -284,6 +286,11 @@ class _CommThread:
                 raise self.error
 
     def _run(self) -> None:
+        assert self.collectives is not None  # only a job of several ranks has buckets to exchange
+        with self.collectives.in_background():  # overlaps backward: not time the script waits
+            self._serve()
+
+    def _serve(self) -> None:
         staged: dict[int, HostEvent] = {}  # by id(bucket): its copy to the host started
         released: deque[tuple[Bucket, str]] = deque()
         while True:

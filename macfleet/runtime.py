@@ -189,8 +189,11 @@ def shutdown() -> None:
     if rt.control is not None:
         # a finished rank is not a hung one; its last collective tells a rank still waiting in a
         # later one that it waits in vain
-        last_op = rt.collectives.last_op if rt.collectives is not None else 0
-        rt.control.outbox.put((protocol.BYE, {"last_op": last_op}))
+        bye: dict[str, Any] = {"last_op": 0}
+        if rt.collectives is not None:  # and how much of its time it waited, for the launcher's pace line
+            bye = {"last_op": rt.collectives.last_op, "waited_s": rt.collectives.waited_s,
+                   "ran_s": time.monotonic() - rt.collectives.started}
+        rt.control.outbox.put((protocol.BYE, bye))
         rt.control.stop()
     if rt.collectives is not None:
         rt.collectives.close()
@@ -343,6 +346,15 @@ def on_behalf_of(caller: str) -> Iterator[None]:
     say where the call came from."""
     rt = runtime()
     with rt.collectives.on_behalf_of(caller) if rt.collectives is not None else nullcontext():
+        yield
+
+
+@contextmanager
+def waiting() -> Iterator[None]:
+    """Time this thread spends in the block is time it waits for the other ranks
+    (``Collectives.waiting``); DataParallel's end of backward uses it."""
+    rt = runtime()
+    with rt.collectives.waiting() if rt.collectives is not None else nullcontext():
         yield
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
 
+import pytest
 from conftest import BIN, job_processes, kill_group, launch_command, run_launch
 
 BEHAVE = str(BIN / "behave.py")
@@ -138,3 +140,24 @@ def test_bad_flags_are_usage_errors() -> None:
         job = run_launch(*args)
         assert job.code == 2, args
         assert "Traceback" not in job.stderr and "Error" in job.stderr, job.stderr
+
+
+@pytest.mark.parametrize("mode", ["collectives", "dp"])
+def test_the_rank_that_sets_the_pace_is_named_at_the_end(mode):
+    """Rank 2 is slower at every step: the others spend most of their time waiting for it, and
+    the launcher's last lines must say so. In ``dp`` the exchange runs on DataParallel's own
+    thread while the script waits at the end of backward; counting both would put the fast
+    ranks over 100%."""
+    steps, extra_s = 10, 0.1
+    job = run_launch("--nproc", "3", str(BIN / "pace.py"), "2", mode, str(steps), timeout=90)
+    assert job.code == 0, job.output
+    line = next(x for x in job.stderr.splitlines() if "share of each rank's time" in x)
+    shares = {int(r): int(p) for r, p in re.findall(r"rank (\d+) (\d+)%", line)}
+    assert sorted(shares) == [0, 1, 2], line
+    timing = {int(r): (float(loop), float(total)) for r, loop, total in
+              re.findall(r"\[rank (\d+)\] timing loop_s=([\d.]+) total_s=([\d.]+)", job.stdout)}
+    for r in (0, 1):  # they waited for most of rank 2's extra work, and never longer than their loop
+        loop, total = timing[r]
+        assert 100 * 0.7 * steps * extra_s / total <= shares[r] <= 100 * loop / total + 2, (line, timing)
+    assert shares[2] < min(shares[0], shares[1]) - 20, line
+    assert "rank 2 sets the pace" in job.stderr, job.stderr

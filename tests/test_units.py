@@ -21,6 +21,7 @@ from macfleet import ConfigError, hostops, netaddr, wire
 from macfleet.backends import MpsDevice, check_tensor
 from macfleet.env import WorkerEnv
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
+from macfleet.launcher.report import pace_report
 from macfleet.parallel import bucket_layout
 from macfleet.sampler import DistributedSampler
 
@@ -165,6 +166,34 @@ def test_epochs_reshuffle_and_resume_mid_epoch() -> None:
 
 
 # -- device rules -----------------------------------------------------------------------------
+# -- the end-of-job pace line ------------------------------------------------------------------
+def test_the_pace_line_names_the_ranks_the_others_wait_for() -> None:
+    hosts = {0: "studio", 1: "studio", 2: "air", 3: "air"}
+    waits = {0: (41.0, 100.0), 1: (40.0, 100.0), 2: (6.0, 100.0), 3: (5.0, 100.0)}
+    listed, pace = pace_report(waits, hosts, 4)
+    assert "rank 0 (studio) 41%" in listed and "rank 3 (air) 5%" in listed
+    assert pace.startswith("ranks 2, 3 (on air) set the pace") and "36% more" in pace
+    # one Mac: no host names; one slow rank among equals
+    listed, pace = pace_report({0: (50.0, 100.0), 1: (48.0, 100.0), 2: (1.0, 100.0)}, dict.fromkeys(range(3), "m"), 3)
+    assert "(m)" not in listed and pace.startswith("rank 2 sets the pace")
+
+
+def test_the_pace_line_says_when_communication_itself_is_the_bottleneck_and_keeps_quiet_otherwise() -> None:
+    equal = dict.fromkeys(range(4), (45.0, 100.0))
+    assert "communication sets the pace" in pace_report(equal, {0: "a", 1: "a", 2: "b", 3: "b"}, 4)[1]
+    assert len(pace_report(dict.fromkeys(range(4), (5.0, 100.0)), dict.fromkeys(range(4), "a"), 4)) == 1
+    assert pace_report({0: (1.0, 2.0)}, {0: "a", 1: "a"}, 2) == []  # rank 1 never said goodbye
+    assert pace_report({0: (1.0, 2.0)}, {0: "a"}, 1) == []
+
+
+def test_the_pace_line_sums_up_a_large_job() -> None:
+    waits = {r: (30.0 + r, 100.0) for r in range(16)}
+    waits[7] = (2.0, 100.0)
+    listed, pace = pace_report(waits, dict.fromkeys(range(16), "a"), 16)
+    assert "least 2% (rank 7)" in listed and "most 45% (rank 15)" in listed and "rank 9 " not in listed
+    assert pace.startswith("rank 7 sets the pace")
+
+
 def test_float64_is_refused_for_mps_by_name() -> None:
     with pytest.raises(ConfigError, match="weights"):
         MpsDevice().check_dtype(torch.zeros(2, dtype=torch.float64), "weights")
