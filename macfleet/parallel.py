@@ -80,6 +80,11 @@ class DataParallel(nn.Module):
         self.last_wait_s = 0.0  # how long the end of the last backward waited for communication
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         for name, p in named:
+            if isinstance(p, nn.parameter.UninitializedParameter):
+                # refused in a job of one too, so a script does not work on one Mac and fail on two
+                raise ConfigError(
+                    f"parameter {name!r} is not initialized yet (a lazy module such as nn.LazyLinear): run one "
+                    f"forward pass on a sample batch before wrapping the model, as DDP asks too")
             self.runtime.device.check_dtype(p, f"parameter {name!r}")
         self.buckets: list[Bucket] = []
         self._where: dict[int, tuple[Bucket, int]] = {}

@@ -68,6 +68,14 @@ def test_a_model_cast_after_wrapping_is_named_at_the_first_forward() -> None:
     assert job.seconds < 30
 
 
+def test_a_lazy_module_is_named_when_wrapped() -> None:
+    """Its parameters have no shape yet; torch's own error came from inside our broadcast."""
+    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "lazy", "/dev/null", timeout=60)
+    assert job.code != 0
+    report = job.stderr[job.stderr.index("root cause"):]
+    assert "ConfigError" in report and "'0.weight'" in report and "forward pass" in report, report
+
+
 def test_buffers_are_broadcast_from_rank_0(tmp_path) -> None:
     job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "buffers", str(tmp_path / "p.pt"))
     assert job.code == 0, job.output

@@ -11,7 +11,9 @@ of its backward and tries to go on: it must not), ``zero-in-place``
 (``zero_grad(set_to_none=False)``: gradients stay the buckets' views, and backward accumulates
 into them), ``sparse`` (an ``nn.Embedding(sparse=True)``: its sparse gradient is averaged
 dense), ``cast-after-wrap`` (the model is cast to float64 after it was wrapped: the buckets no
-longer fit it, which the first forward must say). Rank 0 saves its parameters to OUT.
+longer fit it, which the first forward must say), ``lazy`` (an ``nn.LazyLinear`` wrapped before
+its first forward: no shapes to lay buckets out by, which the wrapping must say). Rank 0 saves
+its parameters to OUT.
 """
 
 import os
@@ -132,6 +134,8 @@ def make(case):
         return WithNorm()
     if case == "sparse":
         return SparseEmbedding()
+    if case == "lazy":
+        return nn.Sequential(nn.LazyLinear(16), nn.Tanh(), nn.Linear(16, 3))
     return oracle.make_model()
 
 
