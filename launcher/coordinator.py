@@ -305,7 +305,8 @@ class Coordinator:
                 self.fail(Failure(time.time(), (
                     f"rank {rank} waits in {waiting.get('op')} (op {op}) for rank{'s' if len(gone) > 1 else ''} {who}, "
                     f"which finished after op {self.last_ops[gone[0]]}: every rank must call the same collectives, "
-                    f"and {'these' if len(gone) > 1 else 'it'} called fewer"), rank))
+                    f"and {'these' if len(gone) > 1 else 'it'} called fewer{_fewer_steps(str(waiting.get('op')))}"),
+                    rank))
                 return
 
     # -- going down -------------------------------------------------------------------------
@@ -343,3 +344,12 @@ class Coordinator:
 
     def close(self) -> None:
         self.socket.close(linger=0)
+
+
+def _fewer_steps(op: str) -> str:
+    """Why a rank calls fewer of DataParallel's collectives: it ran out of batches first."""
+    if "DataParallel" not in op:
+        return ""
+    return ("; in DataParallel that means fewer training steps: every rank must run as many batches as the others "
+            "(macfleet.DistributedSampler gives every rank the same number)")
+

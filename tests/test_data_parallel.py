@@ -76,6 +76,16 @@ def test_a_lazy_module_is_named_when_wrapped() -> None:
     assert "ConfigError" in report and "'0.weight'" in report and "forward pass" in report, report
 
 
+def test_a_rank_with_fewer_batches_is_named_with_the_reason() -> None:
+    """Rank 1 runs out of batches a step early (data split unevenly by hand): the others wait
+    for its gradients, and the report must say what that means in a training loop."""
+    job = run_launch("--nproc", "3", str(BIN / "dp_cases.py"), "uneven", "/dev/null", timeout=60)
+    assert job.code != 0
+    report = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+    assert "for rank 1 (localhost), which finished" in report and "fewer training steps" in report, report
+    assert job.seconds < 20
+
+
 def test_buffers_are_broadcast_from_rank_0(tmp_path) -> None:
     job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "buffers", str(tmp_path / "p.pt"))
     assert job.code == 0, job.output

@@ -12,8 +12,9 @@ of its backward and tries to go on: it must not), ``zero-in-place``
 into them), ``sparse`` (an ``nn.Embedding(sparse=True)``: its sparse gradient is averaged
 dense), ``cast-after-wrap`` (the model is cast to float64 after it was wrapped: the buckets no
 longer fit it, which the first forward must say), ``lazy`` (an ``nn.LazyLinear`` wrapped before
-its first forward: no shapes to lay buckets out by, which the wrapping must say). Rank 0 saves
-its parameters to OUT.
+its first forward: no shapes to lay buckets out by, which the wrapping must say), ``uneven``
+(rank 1 has one batch less than the others, and finishes while they wait for its gradients).
+Rank 0 saves its parameters to OUT.
 """
 
 import os
@@ -166,7 +167,7 @@ def main():
     x, y = oracle.make_batch()
     shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
     xs, ys = x[shard], y[shard]
-    for step in range(STEPS):
+    for step in range(STEPS - 1 if case == "uneven" and rank == 1 else STEPS):
         opt.zero_grad(set_to_none=case != "zero-in-place")
         if case == "no_sync":
             half = len(xs) // 2
