@@ -29,6 +29,8 @@ MACFLEET_AGENT_PID                 the agent's pid: a worker whose parent is gon
 MACFLEET_JOB_SECRET                per-job HMAC key; ``macfleet.init`` removes it from
                                    ``os.environ`` so the script's own children never see it
 MACFLEET_SHM_DIR                   the agent's per-job directory (shared-memory segment, error files)
+MACFLEET_RANK_PID                  set by the rank's bootstrap to its own pid: a process that sees
+                                   another pid is a subprocess of the rank (a DataLoader worker)
 GLOO_SOCKET_IFNAME                 the data address's interface, for scripts using gloo themselves
 OMP_WAIT_POLICY                    PASSIVE: spinning OpenMP threads starve the communication threads
 MALLOC_MMAP_THRESHOLD_,            32 and 64 MiB: glibc keeps freed ZeroMQ messages for reuse

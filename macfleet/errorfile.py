@@ -20,7 +20,7 @@ def write(path: str, exc: BaseException) -> None:
         "time": time.time(),
         "pid": os.getpid(),
     }
-    tmp = f"{path}.tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # a rank's subprocesses may write it too (macfleet.init refusing them)
     with open(tmp, "w") as f:
         json.dump(record, f)
     os.replace(tmp, path)

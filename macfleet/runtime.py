@@ -16,13 +16,13 @@ import shutil
 import threading
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 import zmq
 
-from macfleet import backends, hostops
+from macfleet import backends, errorfile, hostops
 from macfleet import protocol
 from macfleet.collectives import SMALL_BYTES, ZERO_COPY_BYTES, Collectives
 from macfleet.control import ControlClient
@@ -43,6 +43,7 @@ class Runtime:
     collectives: Collectives | None
     control: "_ControlThread | None"
     ctx: zmq.Context | None
+    pid: int = field(default_factory=os.getpid)  # a forked child inherits the runtime, not its ownership
 
     @property
     def rank(self) -> int:
@@ -68,6 +69,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     global _runtime
     if _runtime is not None:
         return _runtime
+    _refuse_subprocess_of_a_rank()
     env = WorkerEnv.from_environ()
     if env.coordinator is None and env.world_size > 1:
         # torchrun, mpirun or a scheduler set WORLD_SIZE, but no macfleet launcher started us:
@@ -153,6 +155,28 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     return _runtime
 
 
+def _refuse_subprocess_of_a_rank() -> None:
+    """A process the rank started (a DataLoader worker started with 'spawn', macOS's default,
+    re-runs the script's top level) has the rank's environment, but the rank already holds
+    that place in the job: joining again would take it over, and the control thread, seeing
+    that its parent is not the agent, took it for an orphan and killed the whole group."""
+    owner = os.environ.get("MACFLEET_RANK_PID")
+    if not owner or owner == str(os.getpid()):
+        return
+    error = ConfigError(
+            f"macfleet.init() was called in a subprocess of rank {os.environ.get('RANK', '?')} (pid {owner}), "
+            f"such as a DataLoader worker, which re-runs the script's top level when started with 'spawn' "
+            f"(the default on macOS): only the rank's own process joins the job. Call macfleet.init() and "
+            f"train under `if __name__ == \"__main__\":` (a worker can read its rank from the RANK variable)")
+    path = os.environ.get("MACFLEET_ERROR_FILE")
+    if path and not os.path.exists(path):  # the rank's report then names this, not "DataLoader worker exited"
+        try:
+            errorfile.write(path, error)
+        except OSError:
+            pass
+    raise error
+
+
 def _env_bytes(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if not raw:
@@ -183,8 +207,8 @@ def shutdown() -> None:
     """Close sockets and stop the control thread. Safe to call twice."""
     global _runtime
     rt, _runtime = _runtime, None
-    if rt is None or rt.ctx is None:
-        return
+    if rt is None or rt.ctx is None or rt.pid != os.getpid():
+        return  # nothing to close; or a forked child's exit, whose sockets and job directory are its parent's
     _orphaned(rt.env)
     if rt.control is not None:
         # a finished rank is not a hung one; its last collective tells a rank still waiting in a

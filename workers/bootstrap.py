@@ -25,6 +25,8 @@ def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: python -m macfleet.workers.bootstrap SCRIPT [ARGS...]")
     module = sys.argv[2] if sys.argv[1] == "-m" and len(sys.argv) > 2 else None
+    # inherited by the script's subprocesses, which macfleet.init() then tells from the rank itself
+    os.environ["MACFLEET_RANK_PID"] = str(os.getpid())
     script = os.path.abspath(sys.argv[1])
     code: object = 0
     try:
@@ -68,7 +70,9 @@ def _report(exc: BaseException, script: str) -> None:
     exc = exc.with_traceback(tb or exc.__traceback__)
     traceback.print_exception(exc)
     path = os.environ.get("MACFLEET_ERROR_FILE")
-    if path:
+    # Already there: a subprocess of this rank failed first and wrote it (macfleet.init() in a
+    # DataLoader worker), and that is the cause, not the DataLoader's "worker exited" that follows.
+    if path and not os.path.exists(path):
         try:
             errorfile.write(path, exc)
         except OSError:

@@ -1,0 +1,30 @@
+"""A rank's own subprocesses, which must never act as the rank: ``children.py MODE``.
+
+``spawn``: a DataLoader with 'spawn' workers (macOS's default) in a script with no
+``if __name__ == "__main__":`` guard, so every worker re-runs this file, ``macfleet.init()``
+included. ``fork``: a child forked after ``macfleet.init()`` exits normally (running the
+inherited atexit hooks), then the rank raises, and its report must still have its traceback.
+"""
+
+import os
+import sys
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import macfleet
+
+mode = sys.argv[1]
+macfleet.init()
+if mode == "spawn":
+    data = TensorDataset(torch.arange(16.0))
+    for (batch,) in DataLoader(data, batch_size=4, num_workers=1, multiprocessing_context="spawn"):
+        macfleet.all_reduce(batch)
+    print("finished", flush=True)
+elif mode == "fork":
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)  # a normal exit: the inherited macfleet.shutdown runs at exit
+    os.waitpid(child, 0)
+    macfleet.barrier()
+    raise ValueError(f"rank {macfleet.rank()} fails after its child")
