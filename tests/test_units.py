@@ -172,10 +172,14 @@ def test_the_pace_line_names_the_ranks_the_others_wait_for() -> None:
     waits = {0: (41.0, 100.0), 1: (40.0, 100.0), 2: (6.0, 100.0), 3: (5.0, 100.0)}
     listed, pace = pace_report(waits, hosts, 4)
     assert "rank 0 (studio) 41%" in listed and "rank 3 (air) 5%" in listed
-    assert pace.startswith("ranks 2, 3 (on air) set the pace") and "36% more" in pace
-    # one Mac: no host names; one slow rank among equals
+    assert pace.startswith("ranks 2, 3 (on air) set the pace: ranks 0, 1 (on studio) spent up to 36% more")
+    # one Mac: no host names; one slow rank among equals, or one fast rank that waits for the rest
     listed, pace = pace_report({0: (50.0, 100.0), 1: (48.0, 100.0), 2: (1.0, 100.0)}, dict.fromkeys(range(3), "m"), 3)
-    assert "(m)" not in listed and pace.startswith("rank 2 sets the pace")
+    assert "(m)" not in listed and pace.startswith("rank 2 sets the pace: ranks 0, 1 spent")
+    _, pace = pace_report({0: (3.0, 100.0), 1: (60.0, 100.0), 2: (1.0, 100.0)}, dict.fromkeys(range(3), "m"), 3)
+    assert pace.startswith("ranks 0, 2 set the pace: rank 1 spent up to 59% more of its time waiting for them")
+    # a spread like that of a short run of ranks sharing one GPU says nothing about their speed
+    assert len(pace_report({0: (8.0, 100.0), 1: (16.0, 100.0), 2: (1.0, 100.0)}, dict.fromkeys(range(3), "m"), 3)) == 1
 
 
 def test_the_pace_line_says_when_communication_itself_is_the_bottleneck_and_keeps_quiet_otherwise() -> None:
