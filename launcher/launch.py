@@ -232,8 +232,6 @@ def _result(cfg: LaunchConfig, coord: Coordinator, interrupted: list[int]) -> in
     if root is None:
         missing = [r for r in range(cfg.world_size) if r not in coord.exits]
         if not missing:
-            for line in pace_report(coord.waits, coord.hosts, cfg.world_size):
-                log(line)
             return 0
         root = Failure(time.time(), f"ranks {missing} never reported an exit")
     print(failure_report(root, coord.exits, cfg.world_size), file=sys.stderr, flush=True)
@@ -269,6 +267,9 @@ def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
     for attempt in range(max_restarts + 1):
         cfg.restart_count = attempt
         outcome = run_job(cfg)
+        if outcome.code == 0:  # a training job's, not bench's or doctor's: their own tables say it
+            for line in pace_report(outcome.coordinator.waits, outcome.coordinator.hosts, cfg.world_size):
+                log(line)
         if outcome.code == 0 or outcome.interrupted or not outcome.coordinator.started or attempt == max_restarts:
             return outcome.code
         root = outcome.coordinator.root_cause()
