@@ -37,6 +37,8 @@ _LAZY = {
     "world_size": "macfleet.runtime",
     "local_rank": "macfleet.runtime",
     "device": "macfleet.runtime",
+    "memory": "macfleet.runtime",
+    "empty_cache": "macfleet.runtime",
     "all_reduce": "macfleet.runtime",
     "broadcast": "macfleet.runtime",
     "all_gather": "macfleet.runtime",
@@ -48,8 +50,8 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from macfleet.parallel import DataParallel
-    from macfleet.runtime import (all_gather, all_reduce, barrier, broadcast, device, host_tensor, init, local_rank,
-                                  rank, shutdown, world_size)
+    from macfleet.runtime import (all_gather, all_reduce, barrier, broadcast, device, empty_cache, host_tensor, init,
+                                  local_rank, memory, rank, shutdown, world_size)
     from macfleet.sampler import DistributedSampler
 
 
@@ -70,6 +72,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CollectiveTimeout", "ConfigError", "JobAborted", "MacfleetError", "PeerLost", "ProtocolError",
     "RendezvousError", "__version__", "checkpoint",
-    "init", "shutdown", "rank", "world_size", "local_rank", "device", "all_reduce", "broadcast", "all_gather",
-    "barrier", "host_tensor", "DataParallel", "DistributedSampler",
+    "init", "shutdown", "rank", "world_size", "local_rank", "device", "memory", "empty_cache", "all_reduce",
+    "broadcast", "all_gather", "barrier", "host_tensor", "DataParallel", "DistributedSampler",
 ]

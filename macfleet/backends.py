@@ -67,6 +67,16 @@ class Device:
     def record_event(self) -> HostEvent:
         return _Done()
 
+    def memory(self) -> dict[str, int]:
+        """Bytes of device memory: ``allocated`` (held by tensors) and ``reserved`` (what the
+        allocator holds from the driver, its cache included). Empty on the CPU."""
+        return {}
+
+    def empty_cache(self) -> None:
+        """Give the allocator's cached blocks back to the driver. On MPS the cache keeps blocks
+        of every shape seen, and the ranks of one Mac share its memory (mps-facts.md checklist 5)."""
+        return None
+
     # Staging: device tensors to and from reusable host buffers, for the communication thread.
     def host_buffer(self, numel: int, dtype: torch.dtype, memory: torch.Tensor | None = None) -> torch.Tensor:
         """A host buffer to stage this device's tensors through: ``memory`` (a host tensor of
@@ -116,6 +126,12 @@ class CudaDevice(Device):
         super().set_rng_state(state)
         if "device" in state:
             torch.cuda.set_rng_state(state["device"], self.index)
+
+    def memory(self) -> dict[str, int]:
+        return {"allocated": torch.cuda.memory_allocated(self.index), "reserved": torch.cuda.memory_reserved(self.index)}
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
 
     def record_event(self) -> HostEvent:
         event = torch.cuda.Event()
@@ -192,6 +208,16 @@ class MpsDevice(Device):
         setter = getattr(torch.mps, "set_rng_state", None)
         if setter is not None and "device" in state:
             setter(state["device"])
+
+    def memory(self) -> dict[str, int]:
+        allocated = getattr(torch.mps, "current_allocated_memory", None)  # torch >= 2.1
+        driver = getattr(torch.mps, "driver_allocated_memory", None)
+        return {"allocated": allocated(), "reserved": driver()} if allocated and driver else {}
+
+    def empty_cache(self) -> None:
+        release = getattr(torch.mps, "empty_cache", None)
+        if release is not None:
+            release()
 
     def record_event(self) -> HostEvent:
         event_cls = getattr(getattr(torch.mps, "event", None), "Event", None) or getattr(torch.mps, "Event", None)

@@ -319,6 +319,18 @@ def device() -> torch.device:
     return runtime().device.torch_device
 
 
+def memory() -> dict[str, int]:
+    """This process's device memory in bytes: ``allocated`` (held by tensors) and ``reserved``
+    (held from the driver, the allocator's cache included); empty on a CPU."""
+    return runtime().device.memory()
+
+
+def empty_cache() -> None:
+    """Give the device allocator's cached blocks back, e.g. once an epoch: on a Mac its ranks
+    share one memory, and the MPS cache keeps blocks of every shape it has seen."""
+    runtime().device.empty_cache()
+
+
 def all_reduce(tensor: torch.Tensor, op: str = "sum", name: str = "tensor", compression: str = "none") -> torch.Tensor:
     """Reduce ``tensor`` in place over all ranks (``sum``, ``avg``, ``max`` or ``min``) and return it.
 

@@ -174,8 +174,12 @@ for epoch in range(start_epoch, args.epochs):
     samples_per_s = steps * args.batch_size * world / seconds
     history.append({"epoch": epoch + 1, "loss": mean_loss, "test_accuracy": accuracy,
                     "samples_per_s": samples_per_s, "seconds": seconds})
+    memory = macfleet.memory()  # GPU memory (empty on a CPU); the cache goes back once an epoch
+    macfleet.empty_cache()
     log(f"epoch {epoch + 1}/{args.epochs}: loss {mean_loss:.4f}, test accuracy {accuracy:.4f}, "
-        f"{samples_per_s:,.0f} samples/s ({seconds:.1f} s)")
+        f"{samples_per_s:,.0f} samples/s ({seconds:.1f} s)"
+        + (f", GPU memory {memory['allocated'] / 2**20:,.0f} MiB in tensors, {memory['reserved'] / 2**20:,.0f} MiB "
+           f"held" if memory else ""))
     if checkpoint_path:
         sampler.set_epoch(epoch + 1)  # the checkpoint resumes at the start of the next epoch
         macfleet.checkpoint.save(checkpoint_path, model, optimizer, step=step, epoch=epoch + 1, sampler=sampler,

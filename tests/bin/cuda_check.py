@@ -2,7 +2,7 @@
 
 Checks on every rank, printing one line of JSON: collectives on CUDA tensors (exact), the
 DataParallel oracle on CUDA against a CPU run of the whole batch (one model, and two in one
-backward), and the memory fraction.
+backward), memory reports and the cache given back, and the memory fraction.
 """
 
 import gc
@@ -81,6 +81,16 @@ train(chain, pair, xs, ys)
 out["oracle_max_diff_two_models"] = max_diff(chain, chain_ref)
 del pair, g, d
 gc.collect()
+# memory as macfleet reports it, and the cache given back (what the example does once an epoch)
+before = macfleet.memory()
+block = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
+held = macfleet.memory()
+del block
+cached = macfleet.memory()
+macfleet.empty_cache()
+after = macfleet.memory()
+out["memory_reported"] = held["allocated"] - before["allocated"] >= 64 << 20 and held["reserved"] >= held["allocated"]
+out["cache_given_back"] = cached["reserved"] - after["reserved"] >= 64 << 20
 # memory fraction: asking for more than this process's share must fail
 total = torch.cuda.get_device_properties(dev).total_memory
 out["memory_fraction_env"] = float(__import__("os").environ.get("MACFLEET_MEMORY_FRACTION", "0"))
