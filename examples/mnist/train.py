@@ -155,21 +155,21 @@ log(f"training on {world} process{'es' if world > 1 else ''}, device {device}, "
 for epoch in range(start_epoch, args.epochs):
     # same shuffle on every rank, different shard; a resumed epoch skips what was already done
     sampler.set_epoch(epoch)
-    started, total_loss, steps, consumed = time.perf_counter(), torch.zeros(()), 0, 0
+    started, total_loss, steps, consumed = time.perf_counter(), torch.zeros((), device=device), 0, 0
     for x, y in loader:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
             loss = F.cross_entropy(model(x.to(device)), y.to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        total_loss += loss.detach().cpu()  # no .item() here: on MPS every .item() drains the GPU queue
+        total_loss += loss.detach()  # on the device: on MPS every .item() or .cpu() drains the GPU's queue
         steps, step, consumed = steps + 1, step + 1, consumed + len(x)
         if checkpoint_path and args.checkpoint_every and step % args.checkpoint_every == 0:
             # a collective: every rank calls it (each one's RNG state goes in); rank 0 writes
             macfleet.checkpoint.save(checkpoint_path, model, optimizer, step=step, epoch=epoch, sampler=sampler,
                                      sampler_consumed=consumed, history=history)
     seconds = time.perf_counter() - started
-    mean_loss = macfleet.all_reduce(total_loss / max(steps, 1), "avg").item()
+    mean_loss = macfleet.all_reduce(total_loss.cpu() / max(steps, 1), "avg").item()
     accuracy = evaluate()
     samples_per_s = steps * args.batch_size * world / seconds
     history.append({"epoch": epoch + 1, "loss": mean_loss, "test_accuracy": accuracy,
