@@ -21,7 +21,7 @@ import ctypes
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import torch
@@ -113,6 +113,7 @@ class Collectives:
         """``compression`` (``fp16``, ``bf16``) casts what crosses the network only; the
         reduction itself stays float32 on the host."""
         self._check(tensor, name)
+        data = _outside_autograd(tensor)
         if compression not in WIRE_DTYPES:
             raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
         if op not in REDUCE_OPS:
@@ -126,9 +127,9 @@ class Collectives:
                 return tensor
             # A contiguous host tensor already in the working dtype is reduced in its own memory;
             # anything else (device tensors, half precision) goes through a reused host buffer.
-            in_place = tensor.device.type == "cpu" and tensor.dtype == work_dtype and tensor.is_contiguous()
+            in_place = data.device.type == "cpu" and data.dtype == work_dtype and data.is_contiguous()
             if in_place:
-                work, raw = tensor.view(-1), host_memory(tensor)
+                work, raw = data.view(-1), host_memory(data)
             else:
                 work, raw = self._host.get("reduce", numel, work_dtype)
             wire = WIRE_DTYPES[compression] if work_dtype.is_floating_point else None
@@ -139,19 +140,20 @@ class Collectives:
             # 4 KiB all-reduce is faster there than one pass round the ring (benchmarks/).
             averaged = False
             if self.shared_memory:
-                averaged = self._reduce_hierarchical(op_id, tensor.reshape(-1), work, raw, op, meta, wire)
+                averaged = self._reduce_hierarchical(op_id, data.reshape(-1), work, raw, op, meta, wire)
             else:
                 if not in_place:
-                    work.copy_(tensor.reshape(-1))  # blocking device->host copy (and upcast), see mps-facts.md
+                    work.copy_(data.reshape(-1))  # blocking device->host copy (and upcast), see mps-facts.md
                 self._reduce_on(self.ring, op_id, work, raw, reducer, meta, wire)
             if op == "avg" and not averaged:
                 work.div_(self.world)
             if not in_place:
-                tensor.copy_(work.view(tensor.shape))
+                data.copy_(work.view(data.shape))
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch.Tensor:
         self._check(tensor, name)
+        data = _outside_autograd(tensor)
         if not 0 <= src < self.world:
             raise ConfigError(f"broadcast src={src} is not a rank of this job (world size {self.world})")
         with self._collective("broadcast", tensor.numel() * tensor.element_size(), tensor) as op_id:
@@ -159,7 +161,7 @@ class Collectives:
                 return tensor
             work, raw = self._host.get("broadcast", tensor.numel(), tensor.dtype)
             if self.rank == src:
-                work.copy_(tensor.reshape(-1))
+                work.copy_(data.reshape(-1))
             ch = self.ring.channels[0]  # clockwise: position == rank
             ch.begin(op_id)
             meta = {"c": "broadcast", "numel": tensor.numel(), "dtype": str(tensor.dtype), "root": src,
@@ -173,7 +175,7 @@ class Collectives:
                 if self.rank != last:
                     ch.send(piece, meta)
             if self.rank != src:
-                tensor.copy_(work.view(tensor.shape))
+                data.copy_(work.view(data.shape))
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, name: str = "tensor") -> torch.Tensor:
@@ -185,7 +187,7 @@ class Collectives:
                 return out
             blocks, raw = self._host.get("gather", self.world * tensor.numel(), tensor.dtype)
             blocks = blocks.view(self.world, -1)
-            blocks[self.rank].copy_(tensor.reshape(-1))
+            blocks[self.rank].copy_(_outside_autograd(tensor).reshape(-1))
             meta = {"c": "all_gather", "numel": tensor.numel(), "dtype": str(tensor.dtype), "by": self._by}
             self._gather_ring(self.ring, op_id, blocks, raw, meta)
             out.copy_(blocks.view(out.shape))
@@ -333,7 +335,7 @@ class Collectives:
         caller settles (``Ring.settle``).
         """
         i, size = ch.position, packed.element_size()
-        cast = packed is not x
+        cast = packed.dtype != x.dtype  # compressed: packed is the wire dtype (else x itself)
         segments = split_evenly(x.numel(), n)
         step = self._chunk_elems(x)
         ch.begin(op_id)
@@ -429,14 +431,10 @@ class Collectives:
         """One collective at a time, in issue order; what we are in is visible to the heartbeat
         (the coordinator's stall report names who waits on whom) and to this host's other ranks
         (``LocalGroup.announce``: ranks in different collectives fail instead of mixing bytes).
-        A small one (``nbytes``) does its arithmetic on this thread alone. Autograd stays out
-        of it, as it does of torch.distributed's: a parameter is reduced or broadcast in place,
-        as by ``dist.broadcast(p, 0)``, rather than refused as a leaf that requires grad."""
-        # no_grad costs 2-3 us: only a tensor that requires grad needs it
-        outside_autograd = torch.no_grad() if tensor.requires_grad else nullcontext()
+        A small one (``nbytes``) does its arithmetic on this thread alone."""
         waiting = self._start_waiting()  # inline, not self.waiting(): a generator costs 1-2 us a collective
         try:
-            with self._lock, hostops.threads_for(nbytes, self.inline_bytes), outside_autograd:
+            with self._lock, hostops.threads_for(nbytes, self.inline_bytes):
                 op_id = self.next_op()
                 caller = self._by = self.caller
                 if self.local is not None:
@@ -484,6 +482,15 @@ def host_memory(tensor: torch.Tensor) -> memoryview:
     (zero-copy sends are settled before that)."""
     nbytes = tensor.numel() * tensor.element_size()
     return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
+def _outside_autograd(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's data without its autograd history, to read and write in place. Collectives
+    stay out of autograd, as torch.distributed's do: a parameter is reduced or broadcast in
+    place, as by ``dist.broadcast(p, 0)``, rather than refused as a leaf that requires grad.
+    A detached view, not ``torch.no_grad()``: grad mode is per thread, and a large tensor's ring
+    runs parts of it on pool threads (found by the hypothesis cases)."""
+    return tensor.detach() if tensor.requires_grad else tensor
 
 
 def _chunks(start: int, end: int, step: int) -> list[tuple[int, int]]:
