@@ -21,6 +21,7 @@ import zmq
 from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
+from macfleet.lines import ends_line, pieces
 from macfleet.netaddr import route_source
 from macfleet.launcher.report import failure_report, facts_table, pace_report, versions_differ
 from macfleet.protocol import AgentSpec
@@ -97,12 +98,18 @@ def start_agent(spec: AgentSpec, host: Host, cfg: LaunchConfig) -> AgentProc:
 
 
 def _relay_stderr(agent: AgentProc) -> None:
-    assert agent.proc.stderr is not None
-    for raw in iter(agent.proc.stderr.readline, b""):
-        line = raw.decode(errors="replace").rstrip("\n")
-        if not line.startswith("[rank "):
-            agent.tail.append(line)
-        print(line, file=sys.stderr, flush=True)
+    """A remote agent's stderr (its ranks' prefixed output, ssh's own errors), as it comes."""
+    stream = agent.proc.stderr
+    assert stream is not None
+    line = b""
+    for piece in pieces(lambda: stream.read1(65536)):  # type: ignore[attr-defined]
+        sys.stderr.buffer.write(piece)
+        sys.stderr.buffer.flush()
+        line += piece
+        if ends_line(piece):
+            if not line.startswith(b"[rank ") and line.strip():
+                agent.tail.append(line.decode(errors="replace").rstrip("\r\n"))
+            line = b""
 
 
 def plan_addresses(cfg: LaunchConfig) -> tuple[list[str], list[str], list[str]]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -181,3 +183,33 @@ def test_a_forked_child_leaves_the_rank_its_job_directory() -> None:
     assert job.code == 1, job.output
     root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
     assert "ValueError: rank" in root and "no error file" not in root, root
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_progress_bar_reaches_the_terminal_while_it_is_drawn(request, tmp_path, where: str) -> None:
+    """tqdm redraws with a carriage return and writes no newline until it finishes; the agent
+    (and, for a remote host, the launcher relaying ssh) cut output at newlines only, so a bar
+    showed nothing for a whole epoch. Rank 0 waits until the test has seen its bar; another
+    rank's line, printed while the bar is open, must start on a line of its own."""
+    hosts = ["--nproc", "2"]
+    if where == "remote":
+        hosts = ["--hosts", "127.0.0.2:2", *request.getfixturevalue("sshd").launch_options()]
+    proc = subprocess.Popen(launch_command(*hosts, str(BIN / "progress.py"), str(tmp_path)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        seen = b""
+        for wanted, go in ((b"[rank 0] step 1/2", "go"), (b"rank 1 says hello\n", "go2")):
+            deadline = time.monotonic() + 60
+            while wanted not in seen and time.monotonic() < deadline and proc.poll() is None:
+                if select.select([proc.stderr], [], [], 0.5)[0]:
+                    seen += os.read(proc.stderr.fileno(), 65536)
+            assert wanted in seen, seen
+            (tmp_path / go).touch()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, (out, seen + err)
+        output = seen + err
+        assert b"[rank 0] step 1/2\n[rank 1] rank 1 says hello\n" in output, output  # the open bar was ended
+        assert b"[rank 0] step 2/2\n" in output, output
+        assert all(m.start() == 0 for m in re.finditer(rb"(?<![\r\n])\[rank ", output)), output  # at line starts
+    finally:
+        kill_group(proc.pid)

@@ -22,6 +22,7 @@ from macfleet.backends import MpsDevice, check_tensor
 from macfleet.env import WorkerEnv
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
 from macfleet.launcher.report import pace_report
+from macfleet.lines import pieces
 from macfleet.parallel import bucket_layout
 from macfleet.sampler import DistributedSampler
 
@@ -166,6 +167,27 @@ def test_epochs_reshuffle_and_resume_mid_epoch() -> None:
 
 
 # -- device rules -----------------------------------------------------------------------------
+# -- rank output, cut as it arrives ---------------------------------------------------------------
+@given(data=st.lists(st.sampled_from([b"a", b"bc", b"\n", b"\r", b"\r\n", b"50%|##"]), max_size=30).map(b"".join),
+       cuts=st.lists(st.integers(1, 8), max_size=30))
+def test_output_is_cut_at_every_line_ending_and_nothing_is_held_back(data: bytes, cuts: list[int]) -> None:
+    reads, rest = [], data
+    for n in cuts:
+        reads.append(rest[:n])
+        rest = rest[n:]
+    reads = [r for r in reads + [rest] if r]
+    got = list(pieces(iter(reads + [b""]).__next__))
+    assert b"".join(got) == data
+    for piece in got:
+        inner = piece[:-2] if piece.endswith(b"\r\n") else piece[:-1]
+        assert b"\n" not in inner and b"\r" not in inner, piece  # an ending only at the end
+    ends = {sum(map(len, reads[:k + 1])) for k in range(len(reads))}  # where each read stopped
+    position = 0
+    for piece in got:
+        position += len(piece)
+        assert piece.endswith((b"\n", b"\r")) or position in ends  # never cut without a reason
+
+
 # -- the end-of-job pace line ------------------------------------------------------------------
 def test_the_pace_line_names_the_ranks_the_others_wait_for() -> None:
     hosts = {0: "studio", 1: "studio", 2: "air", 3: "air"}

@@ -32,6 +32,7 @@ import zmq
 
 from macfleet import netaddr, protocol
 from macfleet.control import ControlClient
+from macfleet.lines import ends_line, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
 
 TAIL_LINES = 40
@@ -159,6 +160,7 @@ class Agent:
         self.tmpdir = tempfile.mkdtemp(prefix=f"macfleet-{spec.job_id}-",
                                        dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         self.out_lock = threading.Lock()
+        self._open_line: dict[int, bytes | None] = {}  # by id(sink): the prefix of the rank whose line is open there
         self.launcher_gone = threading.Event()
         self.stop_reason: str | None = None
         self._stop_started: float | None = None
@@ -259,17 +261,41 @@ class Agent:
         self.store_socket = None
 
     def _pump(self, stream: IO[bytes], sink: IO[bytes], prefix: bytes, tail: deque | None) -> None:
-        for line in iter(stream.readline, b""):
-            if not line.endswith(b"\n"):
-                line += b"\n"
-            if tail is not None:
-                tail.append(line.decode(errors="replace").rstrip("\n"))
+        """Copy a rank's output to ours as it comes, each line prefixed. A line may arrive in
+        pieces (a progress bar redrawn with \\r): the prefix goes before its first piece only,
+        and a line another rank left open is ended before this rank writes."""
+        at_start, line = True, b""
+        for piece in pieces(lambda: stream.read1(65536)):  # type: ignore[attr-defined]
             with self.out_lock:
+                owner = self._open_line.get(id(sink))
+                ours = owner == prefix and not at_start  # our line is open: this piece continues it
+                if piece == b"\r" and (at_start or owner != prefix):
+                    at_start = True  # a redraw with nothing drawn on this line yet: nothing to show
+                    continue
                 try:
-                    sink.write(prefix + line)
+                    if owner is not None and owner != prefix:
+                        sink.write(b"\n")  # another rank's bar would be overwritten, or run on into ours
+                    sink.write((b"" if ours else prefix) + piece)
                     sink.flush()
                 except (BrokenPipeError, OSError):
                     pass  # our own output is gone (launcher died); keep draining so the rank never blocks
+                at_start = ends_line(piece)
+                self._open_line[id(sink)] = None if piece.endswith(b"\n") else prefix
+            line += piece
+            if tail is not None and ends_line(piece):
+                if line.strip():
+                    tail.append(line.decode(errors="replace").rstrip("\r\n"))
+                line = b""
+        if tail is not None and line.strip():
+            tail.append(line.decode(errors="replace"))
+        with self.out_lock:
+            if self._open_line.get(id(sink)) == prefix:  # the rank ended mid-line
+                self._open_line[id(sink)] = None
+                try:
+                    sink.write(b"\n")
+                    sink.flush()
+                except (BrokenPipeError, OSError):
+                    pass
         stream.close()
 
     def _supervise(self) -> None:
