@@ -432,7 +432,7 @@ class Collectives:
         (the coordinator's stall report names who waits on whom) and to this host's other ranks
         (``LocalGroup.announce``: ranks in different collectives fail instead of mixing bytes).
         A small one (``nbytes``) does its arithmetic on this thread alone."""
-        waiting = self._start_waiting()  # inline, not self.waiting(): a generator costs 1-2 us a collective
+        since = self._start_waiting()  # inline, not self.waiting(): a generator costs 1-2 us a collective
         try:
             with self._lock, hostops.threads_for(nbytes, self.inline_bytes):
                 op_id = self.next_op()
@@ -446,7 +446,7 @@ class Collectives:
                     self.current = None
                     self.ops_done += 1
         finally:
-            self._stop_waiting(waiting)
+            self._stop_waiting(since)
 
     def status(self) -> dict:
         current = self.current

@@ -164,10 +164,10 @@ def _refuse_subprocess_of_a_rank() -> None:
     if not owner or owner == str(os.getpid()):
         return
     error = ConfigError(
-            f"macfleet.init() was called in a subprocess of rank {os.environ.get('RANK', '?')} (pid {owner}), "
-            f"such as a DataLoader worker, which re-runs the script's top level when started with 'spawn' "
-            f"(the default on macOS): only the rank's own process joins the job. Call macfleet.init() and "
-            f"train under `if __name__ == \"__main__\":` (a worker can read its rank from the RANK variable)")
+        f"macfleet.init() was called in a subprocess of rank {os.environ.get('RANK', '?')} (pid {owner}), "
+        f"such as a DataLoader worker, which re-runs the script's top level when started with 'spawn' "
+        f"(the default on macOS): only the rank's own process joins the job. Call macfleet.init() and "
+        f"train under `if __name__ == \"__main__\":` (a worker can read its rank from the RANK variable)")
     path = os.environ.get("MACFLEET_ERROR_FILE")
     if path and not os.path.exists(path):  # the rank's report then names this, not "DataLoader worker exited"
         try:
