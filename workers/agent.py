@@ -166,6 +166,7 @@ class Agent:
         self._stop_started: float | None = None
         self.data_addr = ""
         self.last_heard = time.monotonic()
+        self._next_beat = 0.0
         self.store_socket: socket.socket | None = None  # host 0: bound now, served by the store process
         self.store: subprocess.Popen | None = None
 
@@ -189,6 +190,7 @@ class Agent:
         if self.store_socket is not None:
             self._start_store()
         for local_rank in range(self.spec.slots):
+            self._beat()  # starting many ranks on a busy Mac takes seconds; the coordinator must still hear us
             self._spawn(local_rank, str(start["master_addr"]), int(start["master_port"]))
         self._supervise()
         if self.store is not None:
@@ -199,15 +201,18 @@ class Agent:
 
     def _wait_for(self, kind: str) -> dict | None:
         """Beat and listen until the coordinator sends ``kind``; None if the job is stopped first."""
-        next_beat = 0.0
         while self.stop_reason is None:
-            if time.monotonic() >= next_beat:
-                self.client.send(protocol.BEAT, progress=0)
-                next_beat = time.monotonic() + protocol.HEARTBEAT_S
+            self._beat()
             msg = self._listen(0.1)
             if msg is not None and msg.get("kind") == kind:
                 return msg
         return None
+
+    def _beat(self) -> None:
+        """Tell the coordinator we live, once a heartbeat interval, from whichever loop we are in."""
+        if time.monotonic() >= self._next_beat:
+            self.client.send(protocol.BEAT, progress=0)
+            self._next_beat = time.monotonic() + protocol.HEARTBEAT_S
 
     def _listen(self, timeout_s: float) -> dict | None:
         """One message from the coordinator, noting aborts and whether the launcher still lives."""
@@ -299,11 +304,8 @@ class Agent:
         stream.close()
 
     def _supervise(self) -> None:
-        next_beat = 0.0
         while any(w.exit is None for w in self.workers):
-            if time.monotonic() >= next_beat:
-                self.client.send(protocol.BEAT, progress=0)
-                next_beat = time.monotonic() + protocol.HEARTBEAT_S
+            self._beat()
             self._listen(0.05)
             self._reap()
             self._check_store()
