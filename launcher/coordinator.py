@@ -263,11 +263,12 @@ class Coordinator:
         sender, last_op = str(msg.get("from")), msg.get("last_op")
         if not sender.startswith("rank-"):
             return
+        rank = int(sender[5:])
         if isinstance(last_op, int):
-            self.last_ops[int(sender[5:])] = last_op
+            self.last_ops[rank] = last_op
         waited, ran = msg.get("waited_s"), msg.get("ran_s")
         if isinstance(waited, (int, float)) and isinstance(ran, (int, float)) and waited >= 0 and ran > 0:
-            self.waits[int(sender[5:])] = (float(waited), float(ran))
+            self.waits[rank] = (float(waited), float(ran))
 
     def _on_done(self, msg: dict[str, Any], peer: Peer) -> None:
         index = msg.get("host_index")

@@ -21,7 +21,7 @@ import zmq
 from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
-from macfleet.lines import ends_line, pieces
+from macfleet.lines import WholeLines, pieces
 from macfleet.netaddr import route_source
 from macfleet.launcher.report import failure_report, facts_table, pace_report, versions_differ
 from macfleet.protocol import AgentSpec
@@ -101,15 +101,13 @@ def _relay_stderr(agent: AgentProc) -> None:
     """A remote agent's stderr (its ranks' prefixed output, ssh's own errors), as it comes."""
     stream = agent.proc.stderr
     assert stream is not None
-    line = b""
+    lines = WholeLines()
     for piece in pieces(lambda: stream.read1(65536)):  # type: ignore[attr-defined]
         sys.stderr.buffer.write(piece)
         sys.stderr.buffer.flush()
-        line += piece
-        if ends_line(piece):
-            if not line.startswith(b"[rank ") and line.strip():
-                agent.tail.append(line.decode(errors="replace").rstrip("\r\n"))
-            line = b""
+        line = lines.add(piece)
+        if line and not line.startswith("[rank "):
+            agent.tail.append(line)
 
 
 def plan_addresses(cfg: LaunchConfig) -> tuple[list[str], list[str], list[str]]:

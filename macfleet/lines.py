@@ -28,3 +28,23 @@ def pieces(read: Callable[[], bytes]) -> Iterator[bytes]:
 
 def ends_line(piece: bytes) -> bool:
     return piece.endswith((b"\n", b"\r"))
+
+
+class WholeLines:
+    """Pieces put back together into lines, for a tail of the last ones (the error report)."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+
+    def add(self, piece: bytes) -> str | None:
+        """The line ``piece`` ends, without its ending; None if it ends none, or a blank one."""
+        self._partial += piece
+        return self._take() if ends_line(piece) else None
+
+    def rest(self) -> str | None:
+        """What came after the last line ending, at the end of the stream."""
+        return self._take()
+
+    def _take(self) -> str | None:
+        line, self._partial = self._partial, b""
+        return line.decode(errors="replace").rstrip("\r\n") if line.strip() else None

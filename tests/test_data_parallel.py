@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import BIN, run_launch
+from conftest import BIN, Job, run_launch
 
 sys.path.insert(0, str(BIN))
 import dp_cases  # noqa: E402
@@ -50,19 +50,22 @@ def test_data_parallel_matches_the_whole_batch(tmp_path, case: str) -> None:
         assert any(not torch.equal(got[n], plain[n]) for n in plain)
 
 
+def failed(case: str, nproc: int = 2) -> tuple[Job, str]:
+    """Run a dp case that must fail; the job and its report from the root cause on."""
+    job = run_launch("--nproc", str(nproc), str(BIN / "dp_cases.py"), case, "/dev/null", timeout=60)
+    assert job.code != 0
+    return job, job.stderr[job.stderr.index("root cause"):]
+
+
 @pytest.mark.parametrize("case", ["unused", "unused-single"])
 def test_a_parameter_without_gradient_is_named_not_a_hang(case: str) -> None:
-    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), case, "/dev/null", timeout=60)
-    assert job.code != 0
-    report = job.stderr[job.stderr.index("root cause"):]
+    job, report = failed(case)
     assert "spare.weight" in report and "find_unused_parameters=True" in report
     assert job.seconds < 30
 
 
 def test_a_model_cast_after_wrapping_is_named_at_the_first_forward() -> None:
-    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "cast-after-wrap", "/dev/null", timeout=60)
-    assert job.code != 0
-    report = job.stderr[job.stderr.index("root cause"):]
+    job, report = failed("cast-after-wrap")
     assert "ConfigError" in report and "float64" in report and "before wrapping" in report, report
     assert "in forward" in report and "_on_grad_ready" not in report, report  # not from inside backward
     assert job.seconds < 30
@@ -70,18 +73,15 @@ def test_a_model_cast_after_wrapping_is_named_at_the_first_forward() -> None:
 
 def test_a_lazy_module_is_named_when_wrapped() -> None:
     """Its parameters have no shape yet; torch's own error came from inside our broadcast."""
-    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "lazy", "/dev/null", timeout=60)
-    assert job.code != 0
-    report = job.stderr[job.stderr.index("root cause"):]
+    _, report = failed("lazy")
     assert "ConfigError" in report and "'0.weight'" in report and "forward pass" in report, report
 
 
 def test_a_rank_with_fewer_batches_is_named_with_the_reason() -> None:
     """Rank 1 runs out of batches a step early (data split unevenly by hand): the others wait
     for its gradients, and the report must say what that means in a training loop."""
-    job = run_launch("--nproc", "3", str(BIN / "dp_cases.py"), "uneven", "/dev/null", timeout=60)
-    assert job.code != 0
-    report = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+    job, report = failed("uneven", nproc=3)
+    report = report.split("other ranks")[0]
     assert "for rank 1 (localhost), which finished" in report and "fewer training steps" in report, report
     assert job.seconds < 20
 
@@ -94,8 +94,7 @@ def test_buffers_are_broadcast_from_rank_0(tmp_path) -> None:
 def test_training_on_after_an_exception_in_backward_is_refused() -> None:
     """An out-of-memory error caught mid-backward (the skip-the-batch pattern) leaves the rank's
     buckets half released: the next step must be an error, not gradients never averaged."""
-    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "backward-raises", "/dev/null", timeout=60)
-    assert job.code != 0 and "caught out of memory" in job.stdout, job.output
-    report = job.stderr[job.stderr.index("root cause"):]
+    job, report = failed("backward-raises")
+    assert "caught out of memory" in job.stdout, job.output
     assert "rank 1" in report and "the previous backward raised" in report, report
     assert job.seconds < 30

@@ -32,7 +32,7 @@ import zmq
 
 from macfleet import netaddr, protocol
 from macfleet.control import ControlClient
-from macfleet.lines import ends_line, pieces
+from macfleet.lines import WholeLines, ends_line, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
 
 TAIL_LINES = 40
@@ -269,7 +269,7 @@ class Agent:
         """Copy a rank's output to ours as it comes, each line prefixed. A line may arrive in
         pieces (a progress bar redrawn with \\r): the prefix goes before its first piece only,
         and a line another rank left open is ended before this rank writes."""
-        at_start, line = True, b""
+        at_start, lines = True, WholeLines()
         for piece in pieces(lambda: stream.read1(65536)):  # type: ignore[attr-defined]
             with self.out_lock:
                 owner = self._open_line.get(id(sink))
@@ -277,30 +277,21 @@ class Agent:
                 if piece == b"\r" and (at_start or owner != prefix):
                     at_start = True  # a redraw with nothing drawn on this line yet: nothing to show
                     continue
-                try:
-                    if owner is not None and owner != prefix:
-                        sink.write(b"\n")  # another rank's bar would be overwritten, or run on into ours
-                    sink.write((b"" if ours else prefix) + piece)
-                    sink.flush()
-                except (BrokenPipeError, OSError):
-                    pass  # our own output is gone (launcher died); keep draining so the rank never blocks
+                if owner is not None and owner != prefix:
+                    _write(sink, b"\n")  # another rank's bar would be overwritten, or run on into ours
+                _write(sink, (b"" if ours else prefix) + piece)
                 at_start = ends_line(piece)
                 self._open_line[id(sink)] = None if piece.endswith(b"\n") else prefix
-            line += piece
-            if tail is not None and ends_line(piece):
-                if line.strip():
-                    tail.append(line.decode(errors="replace").rstrip("\r\n"))
-                line = b""
-        if tail is not None and line.strip():
-            tail.append(line.decode(errors="replace"))
+            done = lines.add(piece)
+            if tail is not None and done:
+                tail.append(done)
+        done = lines.rest()
+        if tail is not None and done:
+            tail.append(done)
         with self.out_lock:
             if self._open_line.get(id(sink)) == prefix:  # the rank ended mid-line
                 self._open_line[id(sink)] = None
-                try:
-                    sink.write(b"\n")
-                    sink.flush()
-                except (BrokenPipeError, OSError):
-                    pass
+                _write(sink, b"\n")
         stream.close()
 
     def _supervise(self) -> None:
@@ -375,6 +366,14 @@ class Agent:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.stop_reason = self.stop_reason or f"agent received {signal.Signals(signum).name}"
+
+
+def _write(sink: IO[bytes], data: bytes) -> None:
+    try:
+        sink.write(data)
+        sink.flush()
+    except (BrokenPipeError, OSError):
+        pass  # our own output is gone (launcher died); keep draining so the rank never blocks
 
 
 def _killpg(pid: int, sig: int) -> None:
