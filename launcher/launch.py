@@ -102,7 +102,7 @@ def _relay_stderr(agent: AgentProc) -> None:
     stream = agent.proc.stderr
     assert stream is not None
     lines = WholeLines()
-    for piece in pieces(lambda: stream.read1(65536)):  # type: ignore[attr-defined]
+    for piece in pieces(stream.fileno()):
         sys.stderr.buffer.write(piece)
         sys.stderr.buffer.flush()
         line = lines.add(piece)

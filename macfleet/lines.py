@@ -1,29 +1,51 @@
-"""Cut a process's output into pieces as it arrives: at newlines, at carriage returns, and at
-the end of each read.
+"""Cut a process's output into pieces to forward: whole lines, and an unfinished line once the
+process has gone quiet for a moment.
 
 Progress bars (tqdm, ``print(..., end="\\r")``) redraw with ``\\r`` and write no newline until
-they finish: cut at newlines only, a rank's progress bar showed nothing for a whole epoch, then
-every redraw at once. A piece keeps its ending, so a terminal still redraws the line in place;
-``\\r\\n`` stays one ending when it arrives in one read.
+they finish: forwarded at newlines only, a rank's bar showed nothing for a whole epoch, then
+every redraw at once. So ``\\r`` ends a piece too, and what is left unfinished is forwarded after
+``SETTLE_S`` of silence. Not sooner: ``print`` writes its text and its newline in two calls, and
+a line forwarded in two pieces can be split by another host's line landing between them on the
+launcher's terminal. A piece keeps its ending, so a terminal still redraws the line in place.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+import os
+import select
+from typing import Iterator
+
+SETTLE_S = 0.2  # quiet this long, and an unfinished line is shown as it is
 
 
-def pieces(read: Callable[[], bytes]) -> Iterator[bytes]:
-    """What ``read`` returns (``b""`` at the end), cut after every ``\\n``, ``\\r`` or ``\\r\\n``;
-    what is left of a read without an ending is a piece too, so nothing waits for the next one."""
-    for chunk in iter(read, b""):
+def pieces(fd: int, settle_s: float = SETTLE_S) -> Iterator[bytes]:
+    """What is read from ``fd`` until its end, cut after every ``\\n``, ``\\r`` or ``\\r\\n``; an
+    unfinished rest is a piece of its own once nothing more has come for ``settle_s``."""
+    pending = b""
+    while True:
+        if pending and not select.select([fd], [], [], settle_s)[0]:
+            yield pending  # quiet: show the unfinished line (a progress bar) as it is
+            pending = b""
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        pending += chunk
         start = 0
-        while start < len(chunk):
-            ends = [i for i in (chunk.find(b"\n", start), chunk.find(b"\r", start)) if i >= 0]
-            cut = min(ends) if ends else len(chunk) - 1
-            if chunk[cut: cut + 2] == b"\r\n":
+        while True:
+            ends = [i for i in (pending.find(b"\n", start), pending.find(b"\r", start)) if i >= 0]
+            if not ends:
+                break
+            cut = min(ends)
+            if pending[cut] == 13 and cut + 1 == len(pending):
+                break  # a \r last: whether \n follows is for the next read to tell (or the quiet)
+            if pending[cut: cut + 2] == b"\r\n":
                 cut += 1
-            yield chunk[start: cut + 1]
+            yield pending[start: cut + 1]
             start = cut + 1
+        pending = pending[start:]
+    if pending:
+        yield pending
 
 
 def ends_line(piece: bytes) -> bool:

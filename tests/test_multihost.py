@@ -165,3 +165,15 @@ def test_environment_and_working_directory_reach_remote_ranks(sshd, tmp_path) ->
         assert fields["EXTRA_ONE"] == "a b'c"  # --env, quoted safely through the remote shell
         assert fields["cwd"] == str(tmp_path)
         assert fields["MACFLEET_JOB_SECRET"] is None
+
+
+def test_lines_printed_on_two_hosts_at_once_arrive_whole(sshd) -> None:
+    """Two ranks on each of two hosts print at once. Forwarding a line in the pieces print()
+    writes it in let another rank's line land between its text and its newline."""
+    job = run_launch("--hosts", "127.0.0.2:2,127.0.0.3:2", *sshd.launch_options(), str(BIN / "chatter.py"), "1000",
+                     timeout=120)
+    assert job.code == 0, job.output
+    for rank, host in ((0, "127.0.0.2"), (1, "127.0.0.2"), (2, "127.0.0.3"), (3, "127.0.0.3")):
+        got = [line for line in job.stdout.splitlines() if line.startswith(f"[rank {rank} {host}] ")]
+        assert got == [f"[rank {rank} {host}] chatter {rank} {i}" for i in range(1000)], got[:5]
+    assert len(job.stdout.splitlines()) == 4000, job.stdout[:2000]

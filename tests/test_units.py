@@ -170,22 +170,37 @@ def test_epochs_reshuffle_and_resume_mid_epoch() -> None:
 # -- rank output, cut as it arrives ---------------------------------------------------------------
 @given(data=st.lists(st.sampled_from([b"a", b"bc", b"\n", b"\r", b"\r\n", b"50%|##"]), max_size=30).map(b"".join),
        cuts=st.lists(st.integers(1, 8), max_size=30))
-def test_output_is_cut_at_every_line_ending_and_nothing_is_held_back(data: bytes, cuts: list[int]) -> None:
-    reads, rest = [], data
-    for n in cuts:
-        reads.append(rest[:n])
-        rest = rest[n:]
-    reads = [r for r in reads + [rest] if r]
-    got = list(pieces(iter(reads + [b""]).__next__))
+def test_output_is_forwarded_in_whole_lines(data: bytes, cuts: list[int]) -> None:
+    """Written in one go (however the writes fall), output comes out as whole lines, each with
+    its ending, and the unfinished rest last: never a line in two pieces."""
+    read, write = os.pipe()
+    with os.fdopen(write, "wb", buffering=0) as sink:
+        rest = data
+        for n in cuts:  # a pipe holds 64 KiB: this never blocks
+            sink.write(rest[:n])
+            rest = rest[n:]
+        sink.write(rest)
+    got = list(pieces(read))
+    os.close(read)
     assert b"".join(got) == data
+    for piece in got[:-1]:
+        assert piece.endswith((b"\n", b"\r")), got
     for piece in got:
         inner = piece[:-2] if piece.endswith(b"\r\n") else piece[:-1]
         assert b"\n" not in inner and b"\r" not in inner, piece  # an ending only at the end
-    ends = {sum(map(len, reads[:k + 1])) for k in range(len(reads))}  # where each read stopped
-    position = 0
-    for piece in got:
-        position += len(piece)
-        assert piece.endswith((b"\n", b"\r")) or position in ends  # never cut without a reason
+
+
+def test_an_unfinished_line_is_forwarded_once_the_writer_goes_quiet() -> None:
+    """A progress bar's state, with no line ending, must not wait for the end of the stream."""
+    read, write = os.pipe()
+    os.write(write, b"done\n50%|##")
+    got = pieces(read, settle_s=0.05)
+    assert next(got) == b"done\n"
+    assert next(got) == b"50%|##"  # the write end is still open: forwarded for the quiet alone
+    os.write(write, b"\r60%|###\n")
+    os.close(write)
+    assert list(got) == [b"\r", b"60%|###\n"]
+    os.close(read)
 
 
 # -- the end-of-job pace line ------------------------------------------------------------------

@@ -270,7 +270,7 @@ class Agent:
         pieces (a progress bar redrawn with \\r): the prefix goes before its first piece only,
         and a line another rank left open is ended before this rank writes."""
         at_start, lines = True, WholeLines()
-        for piece in pieces(lambda: stream.read1(65536)):  # type: ignore[attr-defined]
+        for piece in pieces(stream.fileno()):
             with self.out_lock:
                 owner = self._open_line.get(id(sink))
                 ours = owner == prefix and not at_start  # our line is open: this piece continues it
