@@ -99,11 +99,16 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, show_envvar=True,
               help="After a failure, restart the whole job up to this many times (the script resumes from its checkpoint).")
 @click.option("--allow-version-mismatch", is_flag=True, help="Run even if hosts have different torch/macfleet.")
+@click.option("--log-dir", type=click.Path(file_okay=False), default=None, show_envvar=True,
+              help="Also write each rank's output to DIR/rank-K.log on the rank's host (relative to --cwd); "
+                   "a restart appends.")
+@click.option("--show-ranks", default=None, metavar="RANKS", show_envvar=True,
+              help="Show only these ranks' output on the terminal, e.g. 0 or 0,4-7 (--log-dir keeps every rank's).")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, memory_fraction: float | None,
            heartbeat_timeout: float, stall_timeout: float, stall_action: str, max_restarts: int,
-           allow_version_mismatch: bool, **hosts: Any) -> None:
+           allow_version_mismatch: bool, log_dir: str | None, show_ranks: str | None, **hosts: Any) -> None:
     """Run SCRIPT [ARGS]... as one data-parallel job.
 
     \b
@@ -115,8 +120,35 @@ def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, me
     cfg = make_config(os.path.abspath(script), list(script_args), device=device, seed=seed,
                       memory_fraction=memory_fraction, heartbeat_timeout_s=heartbeat_timeout,
                       stall_timeout_s=stall_timeout, stall_action=stall_action,
-                      allow_version_mismatch=allow_version_mismatch, **hosts)
+                      allow_version_mismatch=allow_version_mismatch, log_dir=log_dir, **hosts)
+    if show_ranks is not None:
+        cfg.show_ranks = parse_ranks(show_ranks, cfg.world_size)
+    if log_dir is not None and any(h.is_local for h in cfg.hosts):  # the others' agents check theirs
+        directory = os.path.join(cfg.cwd, log_dir)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise click.BadParameter(f"cannot make {directory}: {exc.strerror}", param_hint="--log-dir") from None
+        if not os.access(directory, os.W_OK):
+            raise click.BadParameter(f"cannot write in {directory}", param_hint="--log-dir")
     sys.exit(run_with_restarts(cfg, max_restarts))
+
+
+def parse_ranks(text: str, world_size: int) -> list[int]:
+    """'0,4-7' -> [0, 4, 5, 6, 7], each a rank of the job."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise click.BadParameter(f"{part.strip()!r} is not a rank or a range like 4-7", param_hint="--show-ranks")
+        span = range(int(first), int(last if dash else first) + 1)
+        if not span:
+            raise click.BadParameter(f"{part.strip()!r} is an empty range", param_hint="--show-ranks")
+        if span[-1] >= world_size:
+            raise click.BadParameter(f"{part.strip()!r} is not among the job's ranks 0-{world_size - 1}",
+                                     param_hint="--show-ranks")
+        ranks.update(span)
+    return sorted(ranks)
 
 
 @main.command()

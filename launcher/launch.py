@@ -51,6 +51,8 @@ class LaunchConfig:
     start_timeout_s: float = 60.0
     grace_s: float = 3.0
     restart_count: int = 0
+    log_dir: str | None = None  # each rank's output also goes to rank-K.log there, on its host
+    show_ranks: list[int] | None = None  # only these ranks' output reaches the terminal (None: all)
 
     @property
     def world_size(self) -> int:
@@ -157,6 +159,7 @@ def run_job(cfg: LaunchConfig) -> JobOutcome:
                 args=list(cfg.args), device=cfg.device, seed=cfg.seed, memory_fraction=cfg.memory_fraction,
                 cwd=cfg.cwd, python=cfg.python, restart_count=cfg.restart_count, env={**forwarded, **cfg.env},
                 grace_s=cfg.grace_s, prefix_host=len(cfg.hosts) > 1, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+                log_dir=cfg.log_dir, show_ranks=cfg.show_ranks,
             )
             agents.append(start_agent(spec, host, cfg))
             rank_base += host.slots
@@ -224,7 +227,8 @@ def _agent_lost(agent: AgentProc) -> str:
     if not agent.host.is_local and code == 255:
         detail = next((line for line in reversed(agent.tail) if line.strip()), "no message")
         return f"cannot reach {agent.host.ssh_target} over ssh: {detail}"
-    return f"the agent on {agent.host.name} exited unexpectedly (code {code})"
+    said = [line for line in agent.tail if line.startswith("macfleet agent")]  # a remote agent's refusal
+    return said[-1] if said else f"the agent on {agent.host.name} exited unexpectedly (code {code})"
 
 
 def _result(cfg: LaunchConfig, coord: Coordinator, interrupted: list[int]) -> int:
@@ -276,6 +280,9 @@ def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
             for line in pace_report(outcome.coordinator.waits, outcome.coordinator.hosts, cfg.world_size):
                 log(line)
         if outcome.code == 0 or outcome.interrupted or not outcome.coordinator.started or attempt == max_restarts:
+            if cfg.log_dir is not None and outcome.coordinator.started:
+                where = " on its host" if len(cfg.hosts) > 1 else ""
+                log(f"each rank's output is also in {os.path.join(cfg.cwd, cfg.log_dir, 'rank-K.log')}{where}")
             return outcome.code
         root = outcome.coordinator.root_cause()
         log(f"restart {attempt + 1} of {max_restarts} after: {root.reason if root else 'a failure'}")

@@ -73,6 +73,8 @@ class AgentSpec:
     prefix_host: bool = False  # several hosts: prefix lines with the host too
     data_iface: str | None = None  # bind the data plane to this interface's address instead
     heartbeat_timeout_s: float = 10.0  # the agent stops its ranks when the launcher is silent this long
+    log_dir: str | None = None  # also write each rank's output to rank-K.log here (relative to cwd)
+    show_ranks: list[int] | None = None  # the ranks whose output reaches the terminal (None: all)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -213,3 +213,32 @@ def test_a_progress_bar_reaches_the_terminal_while_it_is_drawn(request, tmp_path
         assert all(m.start() == 0 for m in re.finditer(rb"(?<![\r\n])\[rank ", output)), output  # at line starts
     finally:
         kill_group(proc.pid)
+
+
+def test_log_dir_keeps_every_ranks_output_while_show_ranks_quiets_the_terminal(tmp_path) -> None:
+    """Rank 1 fails in both attempts, hidden from the terminal: its log holds both attempts,
+    unprefixed, and the report still names its error."""
+    job = run_launch("--nproc", "3", "--log-dir", "logs", "--show-ranks", "0,2", "--max-restarts", "1",
+                     BEHAVE, "1", "raise", cwd=str(tmp_path), timeout=90)
+    assert job.code == 1, job.output
+    assert "[rank 0] ready" in job.stdout and "[rank 2] ready" in job.stdout
+    assert "[rank 1]" not in job.output.split("root cause")[0], job.output
+    assert "ValueError: deliberate failure on rank 1" in job.stderr[job.stderr.index("root cause"):]
+    assert f"each rank's output is also in {tmp_path / 'logs' / 'rank-K.log'}" in job.stderr
+    for rank in range(3):
+        log = (tmp_path / "logs" / f"rank-{rank}.log").read_text()
+        headers = [line for line in log.splitlines() if line.startswith("--- macfleet job ")]
+        assert [f"rank {rank} on localhost" in h for h in headers] == [True, True], log
+        assert "restart 1" in headers[1] and "restart" not in headers[0], headers
+        assert log.count("ready pid=") == 2 and "[rank" not in log, log
+        assert ("ValueError: deliberate failure on rank 1" in log) == (rank == 1), log
+
+
+def test_bad_log_dirs_and_rank_filters_are_usage_errors(tmp_path) -> None:
+    (tmp_path / "file").touch()
+    for args, wanted in ((["--show-ranks", "3"], "among the job's ranks 0-1"),
+                         (["--show-ranks", "1-0"], "empty range"), (["--show-ranks", "0,x"], "'x' is not a rank"),
+                         (["--log-dir", str(tmp_path / "file" / "logs")], "cannot make")):
+        job = run_launch("--nproc", "2", *args, BEHAVE, "-1", "none", timeout=30)
+        assert job.code == 2 and wanted in job.stderr, (args, job.stderr)
+        assert "Traceback" not in job.stderr

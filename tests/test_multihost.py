@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -177,3 +178,19 @@ def test_lines_printed_on_two_hosts_at_once_arrive_whole(sshd) -> None:
         got = [line for line in job.stdout.splitlines() if line.startswith(f"[rank {rank} {host}] ")]
         assert got == [f"[rank {rank} {host}] chatter {rank} {i}" for i in range(1000)], got[:5]
     assert len(job.stdout.splitlines()) == 4000, job.stdout[:2000]
+
+
+def test_remote_ranks_write_their_logs_on_their_host(sshd, tmp_path) -> None:
+    """Each agent writes its ranks' logs under --cwd on its own host (here one file system),
+    and an agent that cannot says why as the root cause."""
+    hosts = ["--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(), "--cwd", str(tmp_path)]
+    job = run_launch(*hosts, "--log-dir", "logs", BEHAVE, "-1", "none")
+    assert job.code == 0, job.output
+    for rank, host in ((0, "127.0.0.2"), (1, "127.0.0.3")):
+        log = (tmp_path / "logs" / f"rank-{rank}.log").read_text()
+        assert f": rank {rank} on {host}, " in log.splitlines()[0] and "ready pid=" in log, log
+    assert "also in" in job.stderr and "on its host" in job.stderr
+    job = run_launch(*hosts, "--log-dir", "/proc/none", BEHAVE, "-1", "none")
+    assert job.code == 1, job.output
+    root = job.stderr[job.stderr.index("root cause"):]
+    assert re.search(r"macfleet agent on 127\.0\.0\.[23]: cannot write rank logs in /proc/none", root), root

@@ -169,6 +169,7 @@ class Agent:
         self._next_beat = 0.0
         self.store_socket: socket.socket | None = None  # host 0: bound now, served by the store process
         self.store: subprocess.Popen | None = None
+        self.logs: dict[int, IO[bytes]] = {}  # by rank, with --log-dir
 
     def run(self) -> int:
         threading.Thread(target=self._watch_stdin, daemon=True).start()
@@ -176,8 +177,10 @@ class Agent:
             signal.signal(sig, self._on_signal)
         try:
             self.data_addr = data_address(self.spec)
+            self.logs = open_logs(self.spec)
         except (ValueError, OSError) as exc:
             print(f"macfleet agent on {self.spec.host}: {exc}", file=sys.stderr, flush=True)
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
             return 2
         hello = {"host_index": self.spec.host_index, "facts": host_facts(), "data_addr": self.data_addr}
         if self.spec.host_index == 0:
@@ -245,8 +248,11 @@ class Agent:
         )
         worker = Worker(rank, local_rank, proc, error_file)
         prefix = f"[rank {rank} {self.spec.host}] " if self.spec.prefix_host else f"[rank {rank}] "
+        shown = self.spec.show_ranks is None or rank in self.spec.show_ranks
+        log = self.logs.get(rank)
         for stream, sink, tail in ((proc.stdout, sys.stdout.buffer, None), (proc.stderr, sys.stderr.buffer, worker.tail)):
-            pump = threading.Thread(target=self._pump, args=(stream, sink, prefix.encode(), tail), daemon=True)
+            pump = threading.Thread(target=self._pump, args=(stream, sink if shown else None, prefix.encode(), tail, log),
+                                    daemon=True)
             pump.start()
             worker.pumps.append(pump)
         self.workers.append(worker)
@@ -265,23 +271,17 @@ class Agent:
         sock.close()
         self.store_socket = None
 
-    def _pump(self, stream: IO[bytes], sink: IO[bytes], prefix: bytes, tail: deque | None) -> None:
-        """Copy a rank's output to ours as it comes, each line prefixed. A line may arrive in
-        pieces (a progress bar redrawn with \\r): the prefix goes before its first piece only,
-        and a line another rank left open is ended before this rank writes."""
+    def _pump(self, stream: IO[bytes], sink: IO[bytes] | None, prefix: bytes, tail: deque | None,
+              log: IO[bytes] | None) -> None:
+        """Copy a rank's output as it comes: to its log file as it is, and to ours (unless the
+        rank is not shown) with each line prefixed."""
         at_start, lines = True, WholeLines()
         for piece in pieces(stream.fileno()):
             with self.out_lock:
-                owner = self._open_line.get(id(sink))
-                ours = owner == prefix and not at_start  # our line is open: this piece continues it
-                if piece == b"\r" and (at_start or owner != prefix):
-                    at_start = True  # a redraw with nothing drawn on this line yet: nothing to show
-                    continue
-                if owner is not None and owner != prefix:
-                    _write(sink, b"\n")  # another rank's bar would be overwritten, or run on into ours
-                _write(sink, (b"" if ours else prefix) + piece)
-                at_start = ends_line(piece)
-                self._open_line[id(sink)] = None if piece.endswith(b"\n") else prefix
+                if log is not None:
+                    _write(log, piece)
+                if sink is not None:
+                    at_start = self._show(sink, prefix, piece, at_start)
             done = lines.add(piece)
             if tail is not None and done:
                 tail.append(done)
@@ -289,10 +289,25 @@ class Agent:
         if tail is not None and done:
             tail.append(done)
         with self.out_lock:
-            if self._open_line.get(id(sink)) == prefix:  # the rank ended mid-line
+            if sink is not None and self._open_line.get(id(sink)) == prefix:  # the rank ended mid-line
                 self._open_line[id(sink)] = None
                 _write(sink, b"\n")
         stream.close()
+
+    def _show(self, sink: IO[bytes], prefix: bytes, piece: bytes, at_start: bool) -> bool:
+        """Write one piece of a rank's output to ``sink`` (under ``out_lock``); whether the rank's
+        next piece starts a line. A line may arrive in pieces (a progress bar redrawn with \\r):
+        the prefix goes before its first piece only, and a line another rank left open is ended
+        before this rank writes."""
+        owner = self._open_line.get(id(sink))
+        ours = owner == prefix and not at_start  # our line is open: this piece continues it
+        if piece == b"\r" and (at_start or owner != prefix):
+            return True  # a redraw with nothing drawn on this line yet: nothing to show
+        if owner is not None and owner != prefix:
+            _write(sink, b"\n")  # another rank's bar would be overwritten, or run on into ours
+        _write(sink, (b"" if ours else prefix) + piece)
+        self._open_line[id(sink)] = None if piece.endswith(b"\n") else prefix
+        return ends_line(piece)
 
     def _supervise(self) -> None:
         while any(w.exit is None for w in self.workers):
@@ -348,6 +363,9 @@ class Agent:
             self.store.wait()
         if self.store_socket is not None:
             self.store_socket.close()
+        with self.out_lock:  # a pump still draining a rank's orphaned child writes no more
+            for log in self.logs.values():
+                log.close()
         self.client.send(protocol.DONE, host_index=self.spec.host_index)
         self.client.close()
         self.ctx.destroy(linger=1000)
@@ -372,8 +390,37 @@ def _write(sink: IO[bytes], data: bytes) -> None:
     try:
         sink.write(data)
         sink.flush()
-    except (BrokenPipeError, OSError):
-        pass  # our own output is gone (launcher died); keep draining so the rank never blocks
+    except (OSError, ValueError):
+        pass  # our own output is gone (launcher died, log closed): keep draining so the rank never blocks
+
+
+def open_logs(spec: AgentSpec) -> dict[int, IO[bytes]]:
+    """This host's ranks' log files under ``spec.log_dir``, opened to append (a restarted job
+    adds to them), each started with a line saying which rank and attempt follows."""
+    if spec.log_dir is None:
+        return {}
+    directory = os.path.join(spec.cwd, spec.log_dir)
+    logs: dict[int, IO[bytes]] = {}
+    try:
+        os.makedirs(directory, exist_ok=True)
+        for rank in range(spec.rank_base, spec.rank_base + spec.slots):
+            log = logs[rank] = open(os.path.join(directory, f"rank-{rank}.log"), "ab", buffering=0)
+            attempt = f", restart {spec.restart_count}" if spec.restart_count else ""
+            when = time.strftime("%Y-%m-%d %H:%M:%S")
+            # after a rank that ended mid-line, the header starts a line of its own
+            first = b"\n" if log.tell() and not _ends_with_newline(log.name) else b""
+            log.write(first + f"--- macfleet job {spec.job_id}: rank {rank} on {spec.host}{attempt}, {when} ---\n".encode())
+    except OSError as exc:
+        for log in logs.values():
+            log.close()
+        raise OSError(f"cannot write rank logs in {directory}: {exc.strerror or exc}") from None
+    return logs
+
+
+def _ends_with_newline(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def _killpg(pid: int, sig: int) -> None:
