@@ -98,8 +98,7 @@ class Coordinator:
         self._check_heartbeats()
         if time.monotonic() >= self._next_beat:  # agents stop their ranks if we fall silent
             self._next_beat = time.monotonic() + protocol.HEARTBEAT_S
-            for name in [n for n in self.peers if n.startswith("agent-")]:
-                self.send(name, protocol.BEAT)
+            self.send_agents(protocol.BEAT)
 
     def _handle(self, frames: list[bytes]) -> None:
         if len(frames) != 3:
@@ -339,6 +338,10 @@ class Coordinator:
             self.socket.send_multipart([peer.identity, mac, header], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # that peer is gone (EHOSTUNREACH) or saturated; it is being handled as lost
+
+    def send_agents(self, kind: str, **fields: Any) -> None:
+        for name in [n for n in self.peers if n.startswith("agent-")]:
+            self.send(name, kind, **fields)
 
     def root_cause(self) -> Failure | None:
         return min(self.failures, key=lambda f: f.time) if self.failures else None

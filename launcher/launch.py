@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from macfleet import protocol
 from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
 from macfleet.lines import WholeLines, pieces
 from macfleet.netaddr import route_source
 from macfleet.launcher.report import failure_report, facts_table, pace_report, versions_differ
+from macfleet.launcher.stdin import StdinRelay
 from macfleet.protocol import AgentSpec
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -133,7 +135,9 @@ def plan_addresses(cfg: LaunchConfig) -> tuple[list[str], list[str], list[str]]:
     return data, control, binds
 
 
-def run_job(cfg: LaunchConfig) -> JobOutcome:
+def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
+    """One attempt of the job; ``stdin``: what to pass on to its ranks' standard input (none for
+    bench and doctor, whose ranks read none)."""
     job_id = secrets.token_hex(6)
     secret = secrets.token_bytes(32)
     ctx = zmq.Context()
@@ -163,7 +167,7 @@ def run_job(cfg: LaunchConfig) -> JobOutcome:
             )
             agents.append(start_agent(spec, host, cfg))
             rank_base += host.slots
-        code = _supervise(cfg, coord, agents, interrupted)
+        code = _supervise(cfg, coord, agents, interrupted, stdin)
         return JobOutcome(code, coord, bool(interrupted))
     finally:
         for agent in agents:
@@ -174,12 +178,18 @@ def run_job(cfg: LaunchConfig) -> JobOutcome:
             signal.signal(s, handler)
 
 
-def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], interrupted: list[int]) -> int:
+def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], interrupted: list[int],
+               stdin: StdinRelay | None) -> int:
     started_at = time.monotonic()
     abort_at: float | None = None
     ring_shown = False
+    stdin_ended = False
     while True:
         coord.poll(0.05)
+        if stdin is not None and not stdin_ended and coord.started and coord.aborted is None:  # after START: the agents spawn on it
+            data, stdin_ended = stdin.take()
+            if data or stdin_ended:
+                coord.send_agents(protocol.STDIN, data=data, eof=stdin_ended)
         if interrupted and coord.aborted is None:
             log(f"{signal.Signals(interrupted[0]).name} received, stopping every rank on every host")
             coord.abort("stopped by the user")
@@ -273,9 +283,10 @@ def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
     ``MACFLEET_RESTART_COUNT`` one higher) up to ``max_restarts`` times. The script resumes
     from its own checkpoint. No restart after Ctrl-C, or when the job never started (a
     configuration problem would only fail again)."""
+    stdin = StdinRelay()
     for attempt in range(max_restarts + 1):
         cfg.restart_count = attempt
-        outcome = run_job(cfg)
+        outcome = run_job(cfg, stdin)
         if outcome.code == 0:  # a training job's, not bench's or doctor's: their own tables say it
             for line in pace_report(outcome.coordinator.waits, outcome.coordinator.hosts, cfg.world_size):
                 log(line)

@@ -17,6 +17,7 @@ Flow of one job::
     worker -> coordinator   bye      {}                                (shutdown: stop watching my beats)
     worker -> coordinator   report   {rank, data}                      (measurements, for macfleet doctor)
     coord  -> agent         beat     {}                                (every HEARTBEAT_S: the launcher lives)
+    coord  -> agent         stdin    {data, eof}                       (the launcher's stdin, for every rank)
     coord  -> everyone      abort    {reason, rank}                    (any failure, or Ctrl-C)
 """
 
@@ -37,6 +38,7 @@ END = "end"
 ABORT = "abort"
 BYE = "bye"
 REPORT = "report"
+STDIN = "stdin"
 
 HEARTBEAT_S = 1.0
 # Control messages are small; anything bigger is an attack or a bug (libzmq would otherwise

@@ -242,3 +242,24 @@ def test_bad_log_dirs_and_rank_filters_are_usage_errors(tmp_path) -> None:
         job = run_launch("--nproc", "2", *args, BEHAVE, "-1", "none", timeout=30)
         assert job.code == 2 and wanted in job.stderr, (args, job.stderr)
         assert "Traceback" not in job.stderr
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_breakpoint_and_input_in_a_rank_read_the_launchers_stdin(request, where: str) -> None:
+    """Ranks had /dev/null for stdin: ``breakpoint()`` quit at once and ``input()`` raised.
+    Every rank gets what is typed, and the end of input when it ends."""
+    hosts = ["--nproc", "2"]
+    if where == "remote":
+        hosts = ["--hosts", "127.0.0.2:2", *request.getfixturevalue("sshd").launch_options()]
+    proc = subprocess.Popen(launch_command(*hosts, str(BIN / "debugger.py")), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate("p answer * 2\nanswer = 7\nc\nhello\n", timeout=90)
+    finally:
+        kill_group(proc.pid)
+    assert proc.returncode == 0, out + err
+    for rank in (0, 1):
+        said = [line.removeprefix(f"[rank {rank}] ") for line in out.splitlines() if line.startswith(f"[rank {rank}] ")]
+        assert f"(Pdb) {2 * (41 + rank)}" in said, said  # pdb evaluated the first line typed
+        assert any(line.endswith("after the debugger, answer=7") for line in said), said
+        assert said[-2:] == ["read 'hello'", "end of input"], said

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gzip
 import os
+import pty
 import shutil
 import struct
 import subprocess
 import sys
 import threading
+import time
 
 import msgpack
 import pytest
@@ -22,6 +24,7 @@ from macfleet.backends import MpsDevice, check_tensor
 from macfleet.env import WorkerEnv
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
 from macfleet.launcher.report import pace_report
+from macfleet.launcher.stdin import StdinRelay
 from macfleet.lines import pieces
 from macfleet.parallel import bucket_layout
 from macfleet.sampler import DistributedSampler
@@ -201,6 +204,31 @@ def test_an_unfinished_line_is_forwarded_once_the_writer_goes_quiet() -> None:
     os.close(write)
     assert list(got) == [b"\r", b"60%|###\n"]
     os.close(read)
+
+
+def test_the_stdin_relay_passes_on_what_is_read_then_the_end() -> None:
+    read, write = os.pipe()
+    relay = StdinRelay(read)
+    os.write(write, b"p x\n")
+    os.close(write)
+    got, ended, deadline = b"", False, time.monotonic() + 10
+    while not ended and time.monotonic() < deadline:  # the relay's thread reads as the bytes come
+        data, ended = relay.take()
+        got += data
+        time.sleep(0.01)
+    assert (got, ended) == (b"p x\n", True)
+    assert relay.take() == (b"", True)  # a restarted attempt's ranks get the end at once
+    os.close(read)
+
+
+def test_the_stdin_relay_reads_no_terminal_it_is_not_in_the_foreground_of() -> None:
+    """A terminal that is not this process's (its foreground process group cannot be ours):
+    reading it would stop the launcher (SIGTTIN), so the ranks get the end of input at once."""
+    leader, follower = pty.openpty()
+    relay = StdinRelay(follower)
+    assert relay.take() == (b"", True)
+    os.close(leader)
+    os.close(follower)
 
 
 # -- the end-of-job pace line ------------------------------------------------------------------

@@ -225,6 +225,8 @@ class Agent:
             self.last_heard = now
             if msg.get("kind") == protocol.ABORT and self.stop_reason is None:
                 self.stop_reason = str(msg.get("reason"))
+            elif msg.get("kind") == protocol.STDIN:
+                self._feed(bytes(msg.get("data") or b""), bool(msg.get("eof")))
         if self.stop_reason is None:
             if self.launcher_gone.is_set():
                 self.stop_reason = "launcher gone"
@@ -241,11 +243,13 @@ class Agent:
             [self.spec.python, "-m", "macfleet.workers.bootstrap", self.spec.script, *self.spec.args],
             env=worker_env(self.spec, local_rank, self.data_addr, master_addr, master_port, error_file),
             cwd=self.spec.cwd,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,  # the launcher's stdin (``_feed``)
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group: we stop it and everything it started
         )
+        assert proc.stdin is not None
+        os.set_blocking(proc.stdin.fileno(), False)  # a rank that reads no input must not stall us
         worker = Worker(rank, local_rank, proc, error_file)
         prefix = f"[rank {rank} {self.spec.host}] " if self.spec.prefix_host else f"[rank {rank}] "
         shown = self.spec.show_ranks is None or rank in self.spec.show_ranks
@@ -256,6 +260,21 @@ class Agent:
             pump.start()
             worker.pumps.append(pump)
         self.workers.append(worker)
+
+    def _feed(self, data: bytes, eof: bool) -> None:
+        """Pass the launcher's stdin on to every rank still running. What a rank leaves unread
+        beyond its pipe's buffer (64 KiB) is dropped rather than waited for."""
+        for w in self.workers:
+            stdin = w.proc.stdin
+            if stdin is None or stdin.closed:
+                continue
+            try:
+                if data:
+                    os.write(stdin.fileno(), data)
+            except OSError:  # full (BlockingIOError), or the rank is gone (BrokenPipeError)
+                pass
+            if eof:
+                _close(stdin)
 
     def _start_store(self) -> None:
         """Hand the listening socket to the store process; ranks that connect before it is up
@@ -330,6 +349,7 @@ class Agent:
                 continue
             for pump in w.pumps:  # the last lines (a traceback) must be in the tail before we report
                 pump.join(timeout=2)
+            _close(w.proc.stdin)
             code = w.proc.returncode
             signame = signal.Signals(-code).name if code < 0 else None
             w.exit = WorkerExit(
@@ -421,6 +441,14 @@ def _ends_with_newline(path: str) -> bool:
     with open(path, "rb") as f:
         f.seek(-1, os.SEEK_END)
         return f.read(1) == b"\n"
+
+
+def _close(stream: IO[bytes] | None) -> None:
+    try:
+        if stream is not None:
+            stream.close()
+    except OSError:
+        pass
 
 
 def _killpg(pid: int, sig: int) -> None:
