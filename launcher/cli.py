@@ -7,6 +7,7 @@ shown in ``--help``). User mistakes are one-line usage errors, never tracebacks.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from typing import Any, Callable
 
@@ -77,8 +78,14 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
             raise click.BadParameter(f"{option!r} is not KEY=VALUE", param_hint="--ssh-option")
     ssh = SshOptions(port=ssh_port, identity=ssh_identity, options=list(ssh_options),
                      connect_timeout_s=ssh_connect_timeout)
+    cwd = os.path.abspath(cwd or os.getcwd())
+    if any(h.is_local for h in host_list):  # remote hosts' agents report their own
+        if not os.path.isdir(cwd):
+            raise click.BadParameter(f"no such directory: {cwd}", param_hint="--cwd")
+        if shutil.which(python) is None:
+            raise click.BadParameter(f"no such program: {python}", param_hint="--python")
     return LaunchConfig(hosts=host_list, script=script, args=list(script_args), python=python,
-                        cwd=os.path.abspath(cwd or os.getcwd()), env=env, ssh=ssh, data_addr=data_addr,
+                        cwd=cwd, env=env, ssh=ssh, data_addr=data_addr,
                         data_iface=data_iface, **rest)
 
 

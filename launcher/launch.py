@@ -165,7 +165,11 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
                 grace_s=cfg.grace_s, prefix_host=len(cfg.hosts) > 1, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
                 log_dir=cfg.log_dir, show_ranks=cfg.show_ranks,
             )
-            agents.append(start_agent(spec, host, cfg))
+            try:
+                agents.append(start_agent(spec, host, cfg))
+            except OSError as exc:  # no ssh on this Mac, say
+                coord.fail(Failure(time.time(), f"cannot start the agent for {host.name}: {exc}"))
+                break
             rank_base += host.slots
         code = _supervise(cfg, coord, agents, interrupted, stdin)
         return JobOutcome(code, coord, bool(interrupted))
@@ -234,11 +238,15 @@ def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> No
 
 def _agent_lost(agent: AgentProc) -> str:
     code = agent.proc.returncode
+    said = next((line for line in reversed(agent.tail) if line.strip()), "")  # a remote one's last words
     if not agent.host.is_local and code == 255:
-        detail = next((line for line in reversed(agent.tail) if line.strip()), "no message")
-        return f"cannot reach {agent.host.ssh_target} over ssh: {detail}"
-    said = [line for line in agent.tail if line.startswith("macfleet agent")]  # a remote agent's refusal
-    return said[-1] if said else f"the agent on {agent.host.name} exited unexpectedly (code {code})"
+        return f"cannot reach {agent.host.ssh_target} over ssh: {said or 'no message'}"
+    if said.startswith("macfleet agent"):
+        return said  # it refused, and said why
+    lost = f"the agent on {agent.host.name} exited unexpectedly (code {code})" + (f": {said}" if said else "")
+    if code == 127:  # the remote shell found no such program
+        lost += f" (is --python {agent.spec.python} right for that host?)"
+    return lost
 
 
 def _result(cfg: LaunchConfig, coord: Coordinator, interrupted: list[int]) -> int:

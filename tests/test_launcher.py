@@ -139,7 +139,8 @@ def test_a_missing_script_is_a_one_line_error(tmp_path) -> None:
 
 def test_bad_flags_are_usage_errors() -> None:
     for args in (["--nproc", "0", BEHAVE], ["--hosts", "a:x", BEHAVE], ["--device", "tpu", BEHAVE],
-                 ["--memory-fraction", "1.5", BEHAVE]):
+                 ["--memory-fraction", "1.5", BEHAVE], ["--python", "/no/python", BEHAVE],
+                 ["--cwd", "/no/directory", BEHAVE]):
         job = run_launch(*args)
         assert job.code == 2, args
         assert "Traceback" not in job.stderr and "Error" in job.stderr, job.stderr
@@ -263,3 +264,9 @@ def test_breakpoint_and_input_in_a_rank_read_the_launchers_stdin(request, where:
         assert f"(Pdb) {2 * (41 + rank)}" in said, said  # pdb evaluated the first line typed
         assert any(line.endswith("after the debugger, answer=7") for line in said), said
         assert said[-2:] == ["read 'hello'", "end of input"], said
+
+
+def test_a_mac_without_ssh_is_told_so_for_a_remote_host(tmp_path) -> None:
+    job = run_launch("--hosts", "127.0.0.2:1", BEHAVE, "-1", "none", env={"PATH": str(tmp_path)}, timeout=60)
+    assert job.code == 1 and "Traceback" not in job.stderr, job.output
+    assert "cannot start the agent for 127.0.0.2:" in job.stderr and "'ssh'" in job.stderr, job.stderr

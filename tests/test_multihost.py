@@ -86,6 +86,17 @@ def test_hosts_with_different_versions_are_refused(sshd, tmp_path) -> None:
     assert ok.code == 0, ok.output
 
 
+def test_a_remote_hosts_missing_python_or_directory_is_named_as_the_root_cause(sshd, tmp_path) -> None:
+    """The launching Mac cannot check them; the report said only 'exited unexpectedly (code 127)'."""
+    hosts = ["--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options()]
+    for option, wanted in ((["--python", str(tmp_path / "python")], f"{tmp_path / 'python'}: No such file"),
+                           (["--cwd", str(tmp_path / "gone")], f"cd: {tmp_path / 'gone'}: No such file")):
+        job = run_launch(*hosts, *option, BEHAVE, "-1", "none")
+        assert job.code == 1, job.output
+        root = job.stderr[job.stderr.index("root cause"):].splitlines()[1]
+        assert wanted in root, root
+
+
 def test_an_unreachable_host_is_reported_within_the_connect_timeout(sshd) -> None:
     job = run_launch("--hosts", "127.0.0.2:1,127.0.0.9:1", *sshd.launch_options(), "--ssh-connect-timeout", "5",
                      BEHAVE, "-1", "none", timeout=60)
