@@ -16,6 +16,7 @@ import select
 from typing import Iterator
 
 SETTLE_S = 0.2  # quiet this long, and an unfinished line is shown as it is
+LONGEST = 1 << 20  # an unfinished line this long is a piece already (binary output, a line with no end)
 
 
 def pieces(fd: int, settle_s: float = SETTLE_S) -> Iterator[bytes]:
@@ -44,6 +45,9 @@ def pieces(fd: int, settle_s: float = SETTLE_S) -> Iterator[bytes]:
             yield pending[start: cut + 1]
             start = cut + 1
         pending = pending[start:]
+        if len(pending) >= LONGEST:  # else every read would copy all that is pending: quadratic
+            yield pending
+            pending = b""
     if pending:
         yield pending
 

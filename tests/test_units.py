@@ -25,7 +25,7 @@ from macfleet.env import WorkerEnv
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
 from macfleet.launcher.report import pace_report
 from macfleet.launcher.stdin import StdinRelay
-from macfleet.lines import pieces
+from macfleet.lines import LONGEST, pieces
 from macfleet.parallel import bucket_layout
 from macfleet.sampler import DistributedSampler
 
@@ -205,6 +205,24 @@ def test_an_unfinished_line_is_forwarded_once_the_writer_goes_quiet() -> None:
     assert list(got) == [b"\r", b"60%|###\n"]
     os.close(read)
 
+
+def test_a_line_with_no_end_is_forwarded_in_bounded_pieces() -> None:
+    """Binary output, or a line with no end: every read copied all that was pending, so 100 MB
+    took the agent's pump half a minute while the rank sat blocked on a full pipe."""
+    read, write = os.pipe()
+    data = b"x" * (3 * LONGEST) + b"\n"
+
+    def writer() -> None:
+        os.write(write, data)
+        os.close(write)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    got = list(pieces(read))
+    thread.join()
+    os.close(read)
+    assert b"".join(got) == data
+    assert max(len(piece) for piece in got) < LONGEST + 65536  # one read past the bound at most
 
 def test_the_stdin_relay_passes_on_what_is_read_then_the_end() -> None:
     read, write = os.pipe()
