@@ -47,6 +47,7 @@ class Bucket:
     flat: torch.Tensor  # on the device; the parameters' .grad are views into it
     host: torch.Tensor | None = None  # reused staging buffer (None when the device is the host)
     pending: set[int] = field(default_factory=set)  # ids of parameters whose gradient has not come yet
+    sparse: dict[int, int] = field(default_factory=dict)  # position -> sparse_dim of a gradient that came sparse
     done: bool = True  # averaged in the current step (set by the communication thread)
 
     def view(self, k: int) -> torch.Tensor:
@@ -193,12 +194,14 @@ class DataParallel(nn.Module):
         """Make the parameter's gradient the bucket's view again (zero_grad(set_to_none=True)
         or an optimizer may have replaced it), keeping what was accumulated. A sparse gradient
         (``nn.Embedding(sparse=True)``) is averaged dense, as Horovod's ``sparse_as_dense``: the
-        bucket holds every row anyway, and a sum of sparse rows from N ranks is dense enough."""
+        bucket holds every row anyway, and a sum of sparse rows from N ranks is dense enough.
+        It goes back to the script sparse (``_restore_sparse``)."""
         p, view = bucket.params[k], bucket.view(k)
         if p.grad is None:
             view.zero_()
         elif p.grad.layout != torch.strided:
             view.copy_(p.grad.to_dense())
+            bucket.sparse[k] = p.grad.sparse_dim()
         elif p.grad.data_ptr() != view.data_ptr():
             view.copy_(p.grad)
         else:
@@ -239,6 +242,15 @@ class DataParallel(nn.Module):
                     _average(bucket, _stage(bucket, device.record_event(), device), device, self.compression)
         device.staged()  # later device work (optimizer.step) sees the averaged gradients
         self.last_wait_s = time.perf_counter() - started
+        self._restore_sparse()
+
+    def _restore_sparse(self) -> None:
+        """Gradients that autograd made sparse are sparse again once averaged: an optimizer for
+        them (``SparseAdam``) takes no other kind. Their rows are those any rank touched."""
+        for bucket in self.buckets:
+            for k, sparse_dim in bucket.sparse.items():
+                bucket.params[k].grad = bucket.view(k).to_sparse(sparse_dim)
+            bucket.sparse.clear()
 
 
 class _CommThread:

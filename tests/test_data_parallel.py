@@ -22,7 +22,7 @@ TOLERANCE = {"fp16": 2e-3, "bf16": 2e-2}
 
 def reference(case: str) -> dict[str, torch.Tensor]:
     model = dp_cases.make(case)
-    opt = oracle.make_optimizer(model)
+    opt = dp_cases.make_optimizer(case, model)
     x, y = oracle.make_batch()
     for _ in range(dp_cases.STEPS):
         opt.zero_grad()

@@ -9,8 +9,8 @@ gradients ready in opposite orders), ``no_sync`` (two micro-batches per step), `
 of them in a single bucket), ``backward-raises`` (rank 1 catches an error raised in the middle
 of its backward and tries to go on: it must not), ``zero-in-place``
 (``zero_grad(set_to_none=False)``: gradients stay the buckets' views, and backward accumulates
-into them), ``sparse`` (an ``nn.Embedding(sparse=True)``: its sparse gradient is averaged
-dense), ``cast-after-wrap`` (the model is cast to float64 after it was wrapped: the buckets no
+into them), ``sparse`` (an ``nn.Embedding(sparse=True)``, trained with ``SparseAdam``: its
+sparse gradient is averaged dense and must come back sparse), ``cast-after-wrap`` (the model is cast to float64 after it was wrapped: the buckets no
 longer fit it, which the first forward must say), ``lazy`` (an ``nn.LazyLinear`` wrapped before
 its first forward: no shapes to lay buckets out by, which the wrapping must say), ``uneven``
 (rank 1 has one batch less than the others, and finishes while they wait for its gradients).
@@ -140,6 +140,28 @@ def make(case):
     return oracle.make_model()
 
 
+class SparseAndDense:
+    """SparseAdam for the parameters whose gradients are sparse, the oracle's SGD for the rest."""
+
+    def __init__(self, model):
+        sparse = [p for name, p in model.named_parameters() if "embed" in name]
+        self.parts = [torch.optim.SparseAdam(sparse, lr=0.05),
+                      torch.optim.SGD([p for p in model.parameters() if all(p is not q for q in sparse)], lr=0.1,
+                                      momentum=0.9)]
+
+    def zero_grad(self, set_to_none=True):
+        for part in self.parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        for part in self.parts:
+            part.step()
+
+
+def make_optimizer(case, model):
+    return SparseAndDense(model) if case == "sparse" else oracle.make_optimizer(model)
+
+
 def main():
     case, out = sys.argv[1], sys.argv[2]
     macfleet.init()
@@ -163,7 +185,7 @@ def main():
         assert len(model.buckets) == (1 if single else len(modules)), len(model.buckets)
     if case == "cast-after-wrap":
         model.double()
-    opt = oracle.make_optimizer(model)
+    opt = make_optimizer(case, model)
     x, y = oracle.make_batch()
     shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
     xs, ys = x[shard], y[shard]
