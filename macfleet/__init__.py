@@ -44,11 +44,14 @@ _LAZY = {
     "all_gather": "macfleet.runtime",
     "barrier": "macfleet.runtime",
     "host_tensor": "macfleet.runtime",
+    "broadcast_object": "macfleet.objects",
+    "all_gather_object": "macfleet.objects",
     "DataParallel": "macfleet.parallel",
     "DistributedSampler": "macfleet.sampler",
 }
 
 if TYPE_CHECKING:
+    from macfleet.objects import all_gather_object, broadcast_object
     from macfleet.parallel import DataParallel
     from macfleet.runtime import (all_gather, all_reduce, barrier, broadcast, device, empty_cache, host_tensor, init,
                                   local_rank, memory, rank, shutdown, world_size)
@@ -73,5 +76,6 @@ __all__ = [
     "CollectiveTimeout", "ConfigError", "JobAborted", "MacfleetError", "PeerLost", "ProtocolError",
     "RendezvousError", "__version__", "checkpoint",
     "init", "shutdown", "rank", "world_size", "local_rank", "device", "memory", "empty_cache", "all_reduce",
-    "broadcast", "all_gather", "barrier", "host_tensor", "DataParallel", "DistributedSampler",
+    "broadcast", "all_gather", "barrier", "host_tensor", "broadcast_object", "all_gather_object", "DataParallel",
+    "DistributedSampler",
 ]

@@ -21,6 +21,7 @@ from torch import nn
 
 from macfleet import runtime as rt
 from macfleet.errors import ConfigError
+from macfleet.objects import all_gather_bytes, broadcast_bytes, tensor_bytes
 
 FORMAT = "macfleet-checkpoint"
 VERSION = 1
@@ -95,25 +96,19 @@ def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
 
 
 def _read_on_rank0_and_broadcast(path: str) -> dict[str, Any]:
-    size = torch.zeros(1, dtype=torch.int64)
-    blob = b""
+    blob: bytes | None = b""
     error = ""
     if rt.rank() == 0:
         try:
             with open(path, "rb") as f:
                 blob = f.read()
         except OSError as exc:
-            error = f"cannot read checkpoint {path}: {exc.strerror}"
-        size[0] = len(blob) if not error else -1
-    rt.broadcast(size, 0, name="checkpoint size")
-    if size.item() < 0:
+            blob, error = None, f"cannot read checkpoint {path}: {exc.strerror}"
+    data = broadcast_bytes(blob, 0, name="checkpoint")
+    if data is None:
         raise ConfigError(error or f"rank 0 cannot read checkpoint {path}")
-    data = torch.zeros(int(size.item()), dtype=torch.uint8)
-    if blob:
-        data.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
-    rt.broadcast(data, 0, name="checkpoint")
     try:
-        state = torch.load(io.BytesIO(_tensor_bytes(data)), map_location="cpu", weights_only=False)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     except Exception as exc:  # torch raises many kinds for a truncated or foreign file
         raise ConfigError(f"{path} is not a readable checkpoint (corrupt or truncated?): {type(exc).__name__}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -121,12 +116,6 @@ def _read_on_rank0_and_broadcast(path: str) -> dict[str, Any]:
     if state.get("version") != VERSION:
         raise ConfigError(f"{path} is a version {state.get('version')} checkpoint; this macfleet reads {VERSION}")
     return state
-
-
-def _tensor_bytes(data: torch.Tensor) -> bytes:
-    out = bytearray(data.numel())
-    torch.frombuffer(out, dtype=torch.uint8).copy_(data)
-    return bytes(out)
 
 
 def _load_model(path: str, model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
@@ -152,22 +141,14 @@ def _rng_blob() -> bytes:
     state = rt.runtime().device.rng_state()
     version, internal, gauss = random.getstate()
     return msgpack.packb({
-        "torch": _tensor_bytes(state["torch"]),
-        "device": _tensor_bytes(state["device"]) if "device" in state else None,
+        "torch": tensor_bytes(state["torch"]),
+        "device": tensor_bytes(state["device"]) if "device" in state else None,
         "python": [version, list(internal), gauss],
     })
 
 
 def _gather_rng_states() -> list[bytes]:
-    blob = _rng_blob()
-    if rt.world_size() == 1:
-        return [blob]
-    length = torch.tensor([len(blob)], dtype=torch.int64)
-    lengths = rt.all_gather(length).flatten().tolist()
-    padded = torch.zeros(max(lengths), dtype=torch.uint8)
-    padded[: len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-    gathered = rt.all_gather(padded)
-    return [_tensor_bytes(gathered[r][: lengths[r]]) for r in range(rt.world_size())]
+    return all_gather_bytes(_rng_blob(), name="checkpoint RNG states")
 
 
 def _restore_rng(blob: bytes) -> None:

@@ -150,3 +150,10 @@ def test_shared_memory_is_gone_after_the_job(tmp_path) -> None:
     run_cases(tmp_path, 3, [{"kind": "all_reduce", "dtype": "float32", "numel": 300_001, "seed": 1, "op": "sum",
                              "src": 0}])
     assert set(glob.glob("/dev/shm/macfleet-*")) == before
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_python_objects_are_gathered_and_broadcast(world: int) -> None:
+    job = run_launch("--nproc", str(world), str(BIN / "objects.py"), timeout=90)
+    assert job.code == 0, job.output
+    assert job.stdout.count("objects ok") == world, job.output

@@ -206,6 +206,8 @@ def test_a_bad_checkpoint_is_a_one_line_error(tmp_path) -> None:
     torch.save({"weights": 1}, foreign)
     with pytest.raises(macfleet.ConfigError, match="not a macfleet checkpoint"):
         macfleet.checkpoint.load(str(foreign), nn.Linear(4, 2))
+    with pytest.raises(macfleet.ConfigError, match="cannot read checkpoint .*missing.pt: No such file"):
+        macfleet.checkpoint.load(str(tmp_path / "missing.pt"), nn.Linear(4, 2))
 
 
 def test_a_killed_and_restarted_run_ends_like_an_uninterrupted_one(tmp_path) -> None:
