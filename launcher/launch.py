@@ -190,7 +190,7 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
     stdin_ended = False
     while True:
         coord.poll(0.05)
-        if stdin is not None and not stdin_ended and coord.started and coord.aborted is None:  # after START: the agents spawn on it
+        if stdin is not None and not stdin_ended and coord.started and coord.aborted is None:  # agents spawn on START
             data, stdin_ended = stdin.take()
             if data or stdin_ended:
                 coord.send_agents(protocol.STDIN, data=data, eof=stdin_ended)

@@ -254,9 +254,9 @@ class Agent:
         prefix = f"[rank {rank} {self.spec.host}] " if self.spec.prefix_host else f"[rank {rank}] "
         shown = self.spec.show_ranks is None or rank in self.spec.show_ranks
         log = self.logs.get(rank)
-        for stream, sink, tail in ((proc.stdout, sys.stdout.buffer, None), (proc.stderr, sys.stderr.buffer, worker.tail)):
-            pump = threading.Thread(target=self._pump, args=(stream, sink if shown else None, prefix.encode(), tail, log),
-                                    daemon=True)
+        sinks = (sys.stdout.buffer, sys.stderr.buffer) if shown else (None, None)
+        for stream, sink, tail in ((proc.stdout, sinks[0], None), (proc.stderr, sinks[1], worker.tail)):
+            pump = threading.Thread(target=self._pump, args=(stream, sink, prefix.encode(), tail, log), daemon=True)
             pump.start()
             worker.pumps.append(pump)
         self.workers.append(worker)
@@ -426,10 +426,10 @@ def open_logs(spec: AgentSpec) -> dict[int, IO[bytes]]:
         for rank in range(spec.rank_base, spec.rank_base + spec.slots):
             log = logs[rank] = open(os.path.join(directory, f"rank-{rank}.log"), "ab", buffering=0)
             attempt = f", restart {spec.restart_count}" if spec.restart_count else ""
-            when = time.strftime("%Y-%m-%d %H:%M:%S")
+            started = time.strftime("%Y-%m-%d %H:%M:%S")
+            header = f"--- macfleet job {spec.job_id}: rank {rank} on {spec.host}{attempt}, {started} ---\n"
             # after a rank that ended mid-line, the header starts a line of its own
-            first = b"\n" if log.tell() and not _ends_with_newline(log.name) else b""
-            log.write(first + f"--- macfleet job {spec.job_id}: rank {rank} on {spec.host}{attempt}, {when} ---\n".encode())
+            log.write((b"\n" if log.tell() and not _ends_with_newline(log.name) else b"") + header.encode())
     except OSError as exc:
         for log in logs.values():
             log.close()
