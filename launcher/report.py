@@ -107,7 +107,8 @@ def pace_report(waits: dict[int, tuple[float, float]], hosts: dict[int, str], wo
         fast = [r for r in ranks if r not in slow]
         lines.append(f"{group(slow)} set{'' if len(slow) > 1 else 's'} the pace: {group(fast)} spent up to "
                      f"{high - low:.0%} more of {'their' if len(fast) > 1 else 'its'} time waiting for "
-                     f"{'them' if len(slow) > 1 else 'it'}")
+                     f"{'them' if len(slow) > 1 else 'it'}"
+                     + ("; DataParallel's shares give faster Macs larger batches" if multi_host else ""))
     elif low >= COMMUNICATION_BOUND:
         lines.append(f"communication sets the pace: every rank spent at least {low:.0%} of its time in it"
                      + (" (macfleet doctor measures the links between the hosts)" if multi_host else ""))

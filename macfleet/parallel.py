@@ -27,7 +27,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -46,6 +46,7 @@ class Bucket:
     offsets: list[int]
     flat: torch.Tensor  # on the device; the parameters' .grad are views into it
     host: torch.Tensor | None = None  # reused staging buffer (None when the device is the host)
+    scale: float = 1.0  # this rank's gradients count this much in the average (``shares``)
     pending: set[int] = field(default_factory=set)  # ids of parameters whose gradient has not come yet
     sparse: dict[int, int] = field(default_factory=dict)  # position -> sparse_dim of a gradient that came sparse
     done: bool = True  # averaged in the current step (set by the communication thread)
@@ -63,12 +64,15 @@ class DataParallel(nn.Module):
     ``find_unused_parameters``: parameters that get no gradient in a step count as zero
     instead of being an error. ``compression``: ``"fp16"``/``"bf16"`` halve the bytes on the
     network (reduction stays float32 on the host; ranks of one host exchange float32 through
-    shared memory, where there is no network to save).
+    shared memory, where there is no network to save). ``shares``: each rank's part of every
+    step's samples, one number per rank, the same list on every rank (a fast Mac's batch can be
+    larger than a slow one's, see ``DistributedSampler``); the gradients are then averaged
+    weighted by them, which is the gradient of the whole step's mean loss. Default: equal.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,
                  broadcast_buffers: bool = True, find_unused_parameters: bool = False,
-                 compression: str = "none") -> None:
+                 compression: str = "none", shares: Sequence[float] | None = None) -> None:
         super().__init__()
         if compression not in WIRE_DTYPES:
             raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
@@ -79,6 +83,7 @@ class DataParallel(nn.Module):
         self.compression = compression
         self.require_backward_grad_sync = True
         self.last_wait_s = 0.0  # how long the end of the last backward waited for communication
+        self.scale = _share_scale(shares, self.runtime.rank, self.runtime.world_size)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         for name, p in named:
             if isinstance(p, nn.parameter.UninitializedParameter):
@@ -94,6 +99,7 @@ class DataParallel(nn.Module):
         self._comm: _CommThread | None = None
         if self.runtime.world_size > 1:
             with torch.no_grad(), rt.on_behalf_of("DataParallel (start)"):
+                _agree_on_shares(shares, self.runtime.world_size)
                 _broadcast_flat([p for _, p in module.named_parameters()], "parameters")
                 _broadcast_flat(list(module.buffers()), "buffers")
                 self._build_buckets(bucket_layout(named, int(first_bucket_mb * 2**20), int(bucket_cap_mb * 2**20)))
@@ -117,7 +123,7 @@ class DataParallel(nn.Module):
             else:
                 flat = torch.zeros(total, dtype=first.dtype, device=first.device)
                 host = self.runtime.device.host_buffer(total, first.dtype, shared)
-            bucket = Bucket(index, [p for _, p in group], [n for n, _ in group], offsets, flat, host)
+            bucket = Bucket(index, [p for _, p in group], [n for n, _ in group], offsets, flat, host, self.scale)
             for k, (_, p) in enumerate(group):
                 self._where[id(p)] = (bucket, k)
                 with torch.no_grad():
@@ -352,10 +358,32 @@ def _average(bucket: Bucket, copied: HostEvent, device: Device, compression: str
     """Average the staged bucket over all ranks and queue its copy back to the device."""
     copied.synchronize()
     name = f"gradient bucket {bucket.index}"
+    staged = bucket.flat if bucket.host is None else bucket.host
+    if bucket.scale != 1.0:
+        staged.mul_(bucket.scale)
     with rt.on_behalf_of("DataParallel (gradients)"):
-        rt.all_reduce(bucket.flat if bucket.host is None else bucket.host, "avg", name=name, compression=compression)
+        rt.all_reduce(staged, "avg", name=name, compression=compression)
     if bucket.host is not None:
         device.from_host(bucket.host, bucket.flat)
+
+
+def _share_scale(shares: Sequence[float] | None, rank: int, world: int) -> float:
+    """What this rank's gradients are multiplied by before the average, for ``shares``."""
+    if shares is None:
+        return 1.0
+    weights = [float(s) for s in shares]
+    if len(weights) != world or not all(0 < w < float("inf") for w in weights):
+        raise ConfigError(f"shares must be {world} numbers above 0 (one per rank), not {list(shares)}")
+    return weights[rank] * world / sum(weights)
+
+
+def _agree_on_shares(shares: Sequence[float] | None, world: int) -> None:
+    """Every rank must weight its gradients by the same shares, or the average is wrong on all."""
+    mine = torch.tensor([1.0] * world if shares is None else [float(s) for s in shares], dtype=torch.float64)
+    rank0 = rt.broadcast(mine.clone(), 0, name="shares")
+    if not torch.equal(mine, rank0):
+        raise ConfigError(f"this rank's DataParallel shares {mine.tolist()} differ from rank 0's {rank0.tolist()}: "
+                          f"every rank must pass the same list")
 
 
 def bucket_layout(named: list[tuple[str, nn.Parameter]], first_cap: int,

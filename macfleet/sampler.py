@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Sized
+from typing import Any, Iterator, Sequence, Sized
 
 import torch
 from torch.utils.data import Sampler
@@ -16,13 +16,19 @@ class DistributedSampler(Sampler[int]):
     ``world_size``-th index from its rank on. The shard is padded with the permutation's first
     indices so every rank runs the same number of steps (``drop_last`` drops the tail instead):
     unequal step counts would leave one rank waiting in a collective the others never start.
+
+    ``shares`` (whole numbers, one per rank, the same list on every rank) give faster Macs more
+    of the data: of every ``sum(shares)`` indices, rank r takes ``shares[r]``. With a batch
+    size of ``b * shares[r]`` on each rank, every rank still runs the same number of steps;
+    pass the same ``shares`` to ``DataParallel`` so that gradients are weighted to match.
     ``state_dict`` records the epoch and how far the shard has been consumed, so a restarted job
     resumes mid-epoch: after ``load_state_dict``, the usual ``set_epoch(epoch)`` at the top of
     the saved epoch starts where the checkpoint left off (once; later epochs start at 0).
     """
 
     def __init__(self, dataset: Sized | int, num_replicas: int | None = None, rank: int | None = None,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 shares: Sequence[int] | None = None) -> None:
         if num_replicas is None or rank is None:
             from macfleet import runtime  # only when not given: a plain script needs no job
 
@@ -31,16 +37,19 @@ class DistributedSampler(Sampler[int]):
             rank = rt.rank if rank is None else rank
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is outside num_replicas {num_replicas}")
+        shares = [1] * num_replicas if shares is None else list(shares)
+        if len(shares) != num_replicas or not all(isinstance(s, int) and s > 0 for s in shares):
+            raise ValueError(f"shares must be {num_replicas} whole numbers above 0 (one per rank), not {shares}")
+        self.parts = sum(shares)  # the indices of every round of the permutation
+        self.mine = range(sum(shares[:rank]), sum(shares[:rank + 1]))  # this rank's places in a round
         self.length = dataset if isinstance(dataset, int) else len(dataset)
         self.num_replicas, self.rank = num_replicas, rank
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
         self.start = 0  # samples of this epoch's shard already consumed (for resume)
         self._resume: tuple[int, int] | None = None  # (epoch, start) from load_state_dict, for set_epoch
-        if drop_last:
-            self.num_samples = self.length // num_replicas
-        else:
-            self.num_samples = math.ceil(self.length / num_replicas)
+        self.rounds = self.length // self.parts if drop_last else math.ceil(self.length / self.parts)
+        self.num_samples = self.rounds * len(self.mine)
 
     def __iter__(self) -> Iterator[int]:
         if self.shuffle:
@@ -49,10 +58,10 @@ class DistributedSampler(Sampler[int]):
             order = torch.randperm(self.length, generator=g).tolist()
         else:
             order = list(range(self.length))
-        total = self.num_samples * self.num_replicas
+        total = self.rounds * self.parts
         if total > len(order):
             order += (order * math.ceil(total / max(1, len(order))))[: total - len(order)]
-        shard = order[:total][self.rank::self.num_replicas]
+        shard = [order[first + place] for first in range(0, total, self.parts) for place in self.mine]
         return iter(shard[self.start:])
 
     def __len__(self) -> int:

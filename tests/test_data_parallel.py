@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import macfleet
 from conftest import BIN, Job, run_launch
 
 sys.path.insert(0, str(BIN))
@@ -32,7 +33,7 @@ def reference(case: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("case", ["buckets", "single", "order", "no_sync", "unused-allowed", "fp16", "bf16",
-                                  "zero-in-place", "two-models", "two-models-one-bucket", "sparse"])
+                                  "zero-in-place", "two-models", "two-models-one-bucket", "sparse", "shares"])
 def test_data_parallel_matches_the_whole_batch(tmp_path, case: str) -> None:
     out = tmp_path / "params.pt"
     # compression casts what crosses the network; ranks of one host share float32 memory
@@ -84,6 +85,19 @@ def test_a_rank_with_fewer_batches_is_named_with_the_reason() -> None:
     report = report.split("other ranks")[0]
     assert "for rank 1 (localhost), which finished" in report and "fewer training steps" in report, report
     assert job.seconds < 20
+
+
+def test_ranks_that_weight_their_gradients_differently_are_stopped() -> None:
+    """Rank 1 is given other shares than ranks 0 and 2: every average would be wrong."""
+    _, report = failed("shares-differ", nproc=3)
+    assert "rank 1" in report and "ConfigError" in report and "differ from rank 0's [1.0, 2.0, 3.0]" in report, report
+
+
+def test_shares_that_do_not_fit_the_job_are_refused() -> None:
+    with pytest.raises(macfleet.ConfigError, match="1 numbers above 0"):
+        macfleet.DataParallel(nn.Linear(2, 2), shares=[1, 2])  # a job of one: one share
+    with pytest.raises(macfleet.ConfigError, match="above 0"):
+        macfleet.DataParallel(nn.Linear(2, 2), shares=[0])
 
 
 def test_buffers_are_broadcast_from_rank_0(tmp_path) -> None:

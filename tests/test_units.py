@@ -131,20 +131,33 @@ def test_hostfile_names_the_bad_line(tmp_path) -> None:
 
 
 # -- sampler ----------------------------------------------------------------------------------
-@given(st.integers(1, 200), st.integers(1, 8), st.integers(0, 5), st.booleans())
-def test_shards_cover_the_dataset_and_agree_on_the_shuffle(n: int, world: int, epoch: int, drop_last: bool) -> None:
+@given(st.integers(1, 200), st.integers(1, 8), st.integers(0, 5), st.booleans(), st.lists(st.integers(1, 4), max_size=8))
+def test_shards_cover_the_dataset_and_agree_on_the_shuffle(n: int, world: int, epoch: int, drop_last: bool,
+                                                          drawn: list[int]) -> None:
+    shares = (drawn * world)[:world] if drawn else None  # None: a share of 1 each
+    parts = sum(shares) if shares else world
     shards = []
     for rank in range(world):
-        s = DistributedSampler(n, num_replicas=world, rank=rank, seed=3, drop_last=drop_last)
+        s = DistributedSampler(n, num_replicas=world, rank=rank, seed=3, drop_last=drop_last, shares=shares)
         s.set_epoch(epoch)
         shards.append(list(s))
-    lengths = {len(sh) for sh in shards}
-    assert len(lengths) == 1  # every rank runs the same number of steps
+        assert len(s) == len(shards[-1])
+    # every rank runs the same number of steps, with a batch size in proportion to its share
+    assert len({len(sh) / (shares[r] if shares else 1) for r, sh in enumerate(shards)}) == 1
     seen = [i for sh in shards for i in sh]
     if drop_last:
-        assert len(set(seen)) == len(seen) == (n // world) * world
+        assert len(set(seen)) == len(seen) == (n // parts) * parts
     else:
-        assert set(seen) == set(range(n))
+        assert set(seen) == set(range(n)) and len(seen) - n < parts  # padded by less than a round
+
+
+def test_a_ranks_shares_are_consecutive_places_of_each_round() -> None:
+    s = DistributedSampler(10, num_replicas=3, rank=1, shuffle=False, shares=[2, 2, 2])
+    assert list(s) == [2, 3, 8, 9]  # places 2-3 of each round of 6, the round padded from the start
+    plain = DistributedSampler(10, num_replicas=3, rank=1, shuffle=False)
+    assert list(plain) == [1, 4, 7, 0]  # torch.utils.data.DistributedSampler's shard
+    with pytest.raises(ValueError, match="whole numbers"):
+        DistributedSampler(10, num_replicas=2, rank=0, shares=[1.5, 1])
 
 
 def test_epochs_reshuffle_and_resume_mid_epoch() -> None:
@@ -256,9 +269,10 @@ def test_the_pace_line_names_the_ranks_the_others_wait_for() -> None:
     listed, pace = pace_report(waits, hosts, 4)
     assert "rank 0 (studio) 41%" in listed and "rank 3 (air) 5%" in listed
     assert pace.startswith("ranks 2, 3 (on air) set the pace: ranks 0, 1 (on studio) spent up to 36% more")
+    assert pace.endswith("; DataParallel's shares give faster Macs larger batches")  # the remedy, on mixed Macs
     # one Mac: no host names; one slow rank among equals, or one fast rank that waits for the rest
     listed, pace = pace_report({0: (50.0, 100.0), 1: (48.0, 100.0), 2: (1.0, 100.0)}, dict.fromkeys(range(3), "m"), 3)
-    assert "(m)" not in listed and pace.startswith("rank 2 sets the pace: ranks 0, 1 spent")
+    assert "(m)" not in listed and pace.startswith("rank 2 sets the pace: ranks 0, 1 spent") and "shares" not in pace
     _, pace = pace_report({0: (3.0, 100.0), 1: (60.0, 100.0), 2: (1.0, 100.0)}, dict.fromkeys(range(3), "m"), 3)
     assert pace.startswith("ranks 0, 2 set the pace: rank 1 spent up to 59% more of its time waiting for them")
     # a spread like that of a short run of ranks sharing one GPU says nothing about their speed

@@ -37,6 +37,8 @@ parser.add_argument("--data-url", default=None, help="directory holding (or rece
 parser.add_argument("--download", action="store_true", help="fetch MNIST into --data-url if missing")
 parser.add_argument("--train-url", default=None, help="directory for the final checkpoint and metrics.json")
 parser.add_argument("--batch-size", type=positive, default=64, help="per process; the global batch is this x ranks")
+parser.add_argument("--shares", default=None, help="each rank's part of every step, e.g. 3,1 when rank 0's Mac is "
+                    "three times as fast: its batch is --batch-size x 3 and its shard of the data three times as large")
 parser.add_argument("--epochs", type=positive, default=15)
 parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
 parser.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
@@ -58,6 +60,13 @@ if args.train_url and int(os.environ.get("RANK", "0")) == 0:  # only rank 0 writ
 macfleet.init(device=args.device)
 rank, world = macfleet.rank(), macfleet.world_size()
 master = rank == 0  # rank 0 prints and writes files
+try:
+    shares = [positive(part) for part in args.shares.split(",")] if args.shares else [1] * world
+except (ValueError, argparse.ArgumentTypeError):
+    parser.error(f"--shares {args.shares}: whole numbers above 0, one per rank")
+if len(shares) != world:
+    parser.error(f"--shares {args.shares}: {len(shares)} shares for {world} ranks")
+batch_size = args.batch_size * shares[rank]
 device = macfleet.device()
 torch.manual_seed(args.seed)  # the same initial model everywhere (DataParallel also broadcasts rank 0's)
 
@@ -90,9 +99,9 @@ else:
     log(f"data: no MNIST files{' in ' + args.data_url if args.data_url else ''}; "
         f"using generated digits ({len(x_train)} train, {len(x_test)} test)")
 train_set = torch.utils.data.TensorDataset(x_train, y_train)
-sampler = macfleet.DistributedSampler(train_set, shuffle=True, seed=args.seed)
+sampler = macfleet.DistributedSampler(train_set, shuffle=True, seed=args.seed, shares=shares)
 # num_workers=0: macOS DataLoader workers are spawned processes, and this data is in memory anyway
-loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+loader = torch.utils.data.DataLoader(train_set, batch_size=batch_size, sampler=sampler, drop_last=True)
 
 
 # -----------------------------------------------------------------------------
@@ -111,7 +120,7 @@ class Net(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
-model = macfleet.DataParallel(Net().to(device))  # gradients are averaged over all ranks in backward()
+model = macfleet.DataParallel(Net().to(device), shares=shares)  # gradients are averaged over all ranks in backward()
 optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 use_amp = args.amp and autocast_supported(device)
 if args.amp and not use_amp:
@@ -151,7 +160,7 @@ if checkpoint_path and (args.resume or restarted):
 # -----------------------------------------------------------------------------
 # training loop
 log(f"training on {world} process{'es' if world > 1 else ''}, device {device}, "
-    f"global batch {args.batch_size * world}")
+    f"global batch {args.batch_size * sum(shares)}")
 for epoch in range(start_epoch, args.epochs):
     # same shuffle on every rank, different shard; a resumed epoch skips what was already done
     sampler.set_epoch(epoch)
@@ -169,9 +178,9 @@ for epoch in range(start_epoch, args.epochs):
             macfleet.checkpoint.save(checkpoint_path, model, optimizer, step=step, epoch=epoch, sampler=sampler,
                                      sampler_consumed=consumed, history=history)
     seconds = time.perf_counter() - started
-    mean_loss = macfleet.all_reduce(total_loss.cpu() / max(steps, 1), "avg").item()
+    mean_loss = macfleet.all_reduce(total_loss.cpu() / max(steps, 1) * shares[rank], "sum").item() / sum(shares)
     accuracy = evaluate()
-    samples_per_s = steps * args.batch_size * world / seconds
+    samples_per_s = steps * args.batch_size * sum(shares) / seconds
     history.append({"epoch": epoch + 1, "loss": mean_loss, "test_accuracy": accuracy,
                     "samples_per_s": samples_per_s, "seconds": seconds})
     memory = macfleet.memory()  # GPU memory (empty on a CPU); the cache goes back once an epoch

@@ -13,7 +13,9 @@ into them), ``sparse`` (an ``nn.Embedding(sparse=True)``, trained with ``SparseA
 sparse gradient is averaged dense and must come back sparse), ``cast-after-wrap`` (the model is cast to float64 after it was wrapped: the buckets no
 longer fit it, which the first forward must say), ``lazy`` (an ``nn.LazyLinear`` wrapped before
 its first forward: no shapes to lay buckets out by, which the wrapping must say), ``uneven``
-(rank 1 has one batch less than the others, and finishes while they wait for its gradients).
+(rank 1 has one batch less than the others, and finishes while they wait for its gradients),
+``shares`` (rank r trains on r + 1 parts of the batch, and says so to DataParallel),
+``shares-differ`` (rank 1 passes DataParallel other shares than the rest).
 Rank 0 saves its parameters to OUT.
 """
 
@@ -175,6 +177,10 @@ def main():
         options["compression"] = case
     if case == "unused-allowed":
         options["find_unused_parameters"] = True
+    if case.startswith("shares"):
+        options["shares"] = [r + 1 for r in range(world)]
+        if case == "shares-differ" and rank == 1:
+            options["shares"] = [1] * world
     if case.startswith("two-models"):  # -one-bucket: the critic's single bucket is averaged after the generator's
         g = macfleet.DataParallel(module.g, **options)
         d = macfleet.DataParallel(module.d, **({} if case.endswith("one-bucket") else options))
@@ -188,6 +194,10 @@ def main():
     opt = make_optimizer(case, model)
     x, y = oracle.make_batch()
     shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
+    if case == "shares":
+        shares = options["shares"]
+        part = oracle.BATCH // sum(shares)
+        shard = slice(part * sum(shares[:rank]), part * sum(shares[:rank + 1]))
     xs, ys = x[shard], y[shard]
     for step in range(STEPS - 1 if case == "uneven" and rank == 1 else STEPS):
         opt.zero_grad(set_to_none=case != "zero-in-place")
