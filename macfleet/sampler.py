@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Iterator, Sequence, Sized
 
 import torch
@@ -16,14 +17,14 @@ class DistributedSampler(Sampler[int]):
     ``world_size``-th index from its rank on. The shard is padded with the permutation's first
     indices so every rank runs the same number of steps (``drop_last`` drops the tail instead):
     unequal step counts would leave one rank waiting in a collective the others never start.
+    ``state_dict`` records the epoch and how far the shard has been consumed, so a restarted job
+    resumes mid-epoch: after ``load_state_dict``, the usual ``set_epoch(epoch)`` at the top of
+    the saved epoch starts where the checkpoint left off (once; later epochs start at 0).
 
     ``shares`` (whole numbers, one per rank, the same list on every rank) give faster Macs more
     of the data: of every ``sum(shares)`` indices, rank r takes ``shares[r]``. With a batch
     size of ``b * shares[r]`` on each rank, every rank still runs the same number of steps;
     pass the same ``shares`` to ``DataParallel`` so that gradients are weighted to match.
-    ``state_dict`` records the epoch and how far the shard has been consumed, so a restarted job
-    resumes mid-epoch: after ``load_state_dict``, the usual ``set_epoch(epoch)`` at the top of
-    the saved epoch starts where the checkpoint left off (once; later epochs start at 0).
     """
 
     def __init__(self, dataset: Sized | int, num_replicas: int | None = None, rank: int | None = None,
@@ -37,9 +38,13 @@ class DistributedSampler(Sampler[int]):
             rank = rt.rank if rank is None else rank
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is outside num_replicas {num_replicas}")
-        shares = [1] * num_replicas if shares is None else list(shares)
-        if len(shares) != num_replicas or not all(isinstance(s, int) and s > 0 for s in shares):
-            raise ValueError(f"shares must be {num_replicas} whole numbers above 0 (one per rank), not {shares}")
+        given = [1] * num_replicas if shares is None else list(shares)
+        try:
+            shares = [operator.index(s) for s in given]
+        except TypeError:
+            shares = []  # a fraction, say: refused below
+        if len(shares) != num_replicas or min(shares) < 1:
+            raise ValueError(f"shares must be {num_replicas} whole numbers above 0 (one per rank), not {given}")
         self.parts = sum(shares)  # the indices of every round of the permutation
         self.mine = range(sum(shares[:rank]), sum(shares[:rank + 1]))  # this rank's places in a round
         self.length = dataset if isinstance(dataset, int) else len(dataset)
@@ -61,7 +66,9 @@ class DistributedSampler(Sampler[int]):
         total = self.rounds * self.parts
         if total > len(order):
             order += (order * math.ceil(total / max(1, len(order))))[: total - len(order)]
-        shard = [order[first + place] for first in range(0, total, self.parts) for place in self.mine]
+        # this rank's places of every round, round after round (one place: a plain slice)
+        places = [order[place:total:self.parts] for place in self.mine]
+        shard = places[0] if len(places) == 1 else [i for one_round in zip(*places, strict=True) for i in one_round]
         return iter(shard[self.start:])
 
     def __len__(self) -> int:
