@@ -42,9 +42,11 @@ WORK_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 # Up to these sizes the one-pass latency path beats the ring (benchmarks/results, device machine
 # over loopback: at 8 ranks 256 KiB took 1.8-1.9 ms one-pass against 2.8-3.0 ms on the ring,
-# 1 MiB 4.7-5.4 ms against 3.6-3.8; between two members the one pass moves the same bytes).
+# 1 MiB 4.7-5.4 ms against 3.6-3.8). Between two members the one pass moves the same bytes as
+# the ring in one step (``_reduce_pair``): 2 MiB took 1.23-1.25 ms against 1.89-2.01 on the ring,
+# 4 MiB 2.12 against 2.13-2.25, 8 MiB 2.8-3.1 against 3.0-3.1 (session 13).
 SMALL_BYTES = 256 << 10
-TWO_MEMBER_ONE_PASS_BYTES = 1 << 20
+TWO_MEMBER_ONE_PASS_BYTES = 4 << 20
 # The ring sends pieces this large straight from the tensor's memory: it saves a memcpy of every
 # byte sent, and costs one settle word per channel at the end of the collective.
 ZERO_COPY_BYTES = 1 << 20
@@ -235,11 +237,14 @@ class Collectives:
     def _reduce_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
                    meta: dict, wire: torch.dtype | None = None) -> None:
         # Between two members the one-pass path moves the same bytes as the ring in half the
-        # steps; measured faster up to about 1 MiB (benchmarks/, 2 ranks).
+        # steps; measured faster up to about 4 MiB (benchmarks/, 2 ranks).
         one_pass = max(self.small_bytes, TWO_MEMBER_ONE_PASS_BYTES) if ring.world == 2 else self.small_bytes
         if work.numel() * work.element_size() <= one_pass:
             self.last_algorithm = "latency (one pass)"
-            self._reduce_small(ring, op_id, work, reducer, meta, wire)
+            if ring.world == 2 and wire is None:
+                self._reduce_pair(ring, op_id, work, raw, reducer, meta)
+            else:
+                self._reduce_small(ring, op_id, work, reducer, meta, wire)
         else:
             self._reduce_ring(ring, op_id, work, raw, reducer, meta, wire)
 
@@ -253,6 +258,23 @@ class Collectives:
         work.copy_(blocks[0])
         for k in range(1, n):  # ring order, so every rank computes the same bits
             reducer(work, blocks[k])
+
+    def _reduce_pair(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
+                     meta: dict) -> None:
+        """The one pass between two members: each sends its tensor as it is and reduces the
+        other's straight into it. a + b is b + a to the bit (so are max and min), so both get
+        the same result without the ring-ordered blocks of ``_reduce_small``, and two copies of
+        the tensor fewer: a member's whole exchange when two Macs train a small model."""
+        other, other_raw = self._host.get("pair", work.numel(), work.dtype)
+        ch, size = ring.channels[0], work.element_size()
+        ch.begin(op_id)
+        pieces = [(a * size, b * size) for a, b in _chunks(0, work.numel(), self._chunk_elems(work))]
+        for a, b in pieces:
+            ch.send(raw[a:b], meta)  # copied into the message: the reduction below may overwrite it
+        for a, b in pieces:
+            ch.recv_header(b - a, meta)
+            ch.recv_into(other_raw[a:b])
+        reducer(work, other)
 
     def _gather_ring(self, ring: Ring, op_id: int, blocks: torch.Tensor, raw: memoryview, meta: dict) -> None:
         """Pass every member's block round the ring until all members have all blocks (block k

@@ -60,6 +60,7 @@ TCP = {"MACFLEET_SHM": "0"}
 PATHS = {
     "w1": (1, {}),
     "w2-default": (2, {}),
+    "w2-tcp": (2, TCP),  # a pair: each adds the other's tensor into its own (one pass up to 4 MiB)
     "w3-shm-tiny-slots": (3, {"MACFLEET_SHM_SLOT_BYTES": "4096", "MACFLEET_SMALL_BYTES": "256"}),
     "w3-tcp-tiny-chunks-2-streams": (3, {**TCP, "MACFLEET_CHUNK_BYTES": "4096", "MACFLEET_SMALL_BYTES": "256",
                                          "MACFLEET_STREAMS": "2"}),
@@ -118,12 +119,12 @@ def test_hierarchical_all_reduce_across_hosts_is_exact(sshd, tmp_path, case_list
 
 @pytest.mark.parametrize("zero_copy_bytes", ["1", str(1 << 30)], ids=["zero-copy", "copy"])
 def test_shared_tensors_between_hosts_on_every_channel(sshd, tmp_path, zero_copy_bytes: str) -> None:
-    """2.4 MB of shared tensors between two hosts of two ranks: the leaders' two-member ring
-    splits it over all four channels. Found by the test above: when zero-copy sends waited for
+    """4.8 MB of shared tensors between two hosts of two ranks (above the one pass of a pair): the
+    leaders' two-member ring splits it over all four channels. Found by the test above: when zero-copy sends waited for
     pyzmq's trackers this hung, every time, on a message the peer had received but libzmq never
     released. Zero-copy sends now settle with the peers instead."""
     shared = [{"kind": "all_reduce", "dtype": dtype, "numel": numel, "seed": seed, "op": "sum", "src": 0,
-               "shared": True} for dtype, numel, seed in (("float64", 300_000, 1), ("float32", 600_002, 2))]
+               "shared": True} for dtype, numel, seed in (("float64", 600_000, 1), ("float32", 1_200_002, 2))]
     run_cases(tmp_path, 4, shared, {"MACFLEET_TIMEOUT": "30", "MACFLEET_ZERO_COPY_BYTES": zero_copy_bytes},
               hosts=["--hosts", "127.0.0.2:2,127.0.0.3:2", *sshd.launch_options()])
 
