@@ -164,7 +164,7 @@ class Coordinator:
         sender = str(msg.get("from"))
         if sender.startswith("rank-"):
             self.status[int(sender[5:])] = {"progress": msg.get("progress"), "waiting": msg.get("waiting"),
-                                            "at": time.monotonic()}
+                                            "debugging": bool(msg.get("debugging")), "at": time.monotonic()}
 
     def _waiting_for(self, now: float, longer_than: float = 0.0) -> dict[int, dict[str, Any]]:
         """Ranks that have been inside a collective for more than ``longer_than`` seconds."""
@@ -195,6 +195,14 @@ class Coordinator:
             return
         live = [r for r in range(self.world_size) if r not in self.exits]
         suspects = [r for r in live if r not in waiting]
+        debugged = [r for r in suspects if self.status.get(r, {}).get("debugging")]
+        if debugged:  # someone is stepping through it in pdb: the others wait for them, not for a hang
+            if self._stall_reported is None:
+                names = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in debugged)
+                many = len(debugged) > 1
+                self._stall_reported = f"rank{'s' if many else ''} {names} {'are' if many else 'is'} in a debugger"
+                self.log(f"{self._stall_reported}{self._who_waits(waiting)}; no stall report while it lasts")
+            return
         if suspects:
             names = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in suspects)
             reason = (f"rank{'s' if len(suspects) > 1 else ''} {names} made no progress for over "

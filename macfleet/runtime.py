@@ -13,6 +13,7 @@ import atexit
 import os
 import queue
 import shutil
+import sys
 import threading
 import time
 from contextlib import contextmanager, nullcontext
@@ -194,6 +195,22 @@ def runtime() -> Runtime:
     return _runtime if _runtime is not None else init()
 
 
+def _in_debugger() -> bool:
+    """Whether the script's main thread is stopped in pdb (or stepping under it): the others
+    then wait for this rank for as long as someone debugs it, which the launcher's stall report
+    must not take for a hang. ``breakpoint()`` sets bdb's trace function on every frame of the
+    stack it stops in; a profiler's or coverage's tracer is not bdb's."""
+    bdb = sys.modules.get("bdb")
+    if bdb is None:
+        return False
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    while frame is not None:
+        if isinstance(getattr(frame.f_trace, "__self__", None), bdb.Bdb):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _orphaned(env: WorkerEnv) -> bool:
     """True if our agent is gone; then we remove its per-job directory (error files, shared
     memory) ourselves, since it no longer can."""
@@ -269,7 +286,7 @@ class _ControlThread(threading.Thread):
                     self.client.send(kind, **fields)
                 now = time.monotonic()
                 if now >= next_beat:
-                    self.client.send(protocol.BEAT, **self.status())
+                    self.client.send(protocol.BEAT, **self.status(), debugging=_in_debugger())
                     next_beat = now + protocol.HEARTBEAT_S
                     self._check_parent()
                 msg = self.client.recv(0.05)

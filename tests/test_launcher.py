@@ -270,3 +270,24 @@ def test_a_mac_without_ssh_is_told_so_for_a_remote_host(tmp_path) -> None:
     job = run_launch("--hosts", "127.0.0.2:1", BEHAVE, "-1", "none", env={"PATH": str(tmp_path)}, timeout=60)
     assert job.code == 1 and "Traceback" not in job.stderr, job.output
     assert "cannot start the agent for 127.0.0.2:" in job.stderr and "'ssh'" in job.stderr, job.stderr
+
+
+def test_ranks_waiting_for_one_stopped_in_pdb_are_not_a_stall() -> None:
+    """Rank 0 sits at pdb's prompt while rank 1 waits for it in a barrier. With a stall timeout
+    of 1 s the launcher aborted the job 2 s in, in the middle of the debugging session."""
+    proc = subprocess.Popen(launch_command("--nproc", "2", "--stall-timeout", "1", str(BIN / "debugger.py"), "wait"),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        seen, deadline = b"", time.monotonic() + 60
+        while b"(Pdb)" not in seen and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stdout], [], [], 0.5)[0]:
+                seen += os.read(proc.stdout.fileno(), 65536)
+        assert b"(Pdb)" in seen, seen
+        time.sleep(3)  # the user reads the code: longer than the 2 s after which a stall aborts
+        out, err = proc.communicate(b"c\n", timeout=60)
+    finally:
+        kill_group(proc.pid)
+    assert proc.returncode == 0, (seen + out, err)
+    assert (seen + out).count(b"past the barrier") == 2
+    assert b"rank 0 (localhost) is in a debugger; rank 1 is waiting for it in all_reduce" in err, err
