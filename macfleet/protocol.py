@@ -9,12 +9,13 @@ Flow of one job::
     coord  -> agent         start    {master_addr, master_port}        (once every agent said hello)
     worker -> coordinator   register {rank, endpoints, pid, host}
     coord  -> worker        peers    {table}                           (once every rank registered)
-    worker/agent -> coord   beat     {progress}                        (every HEARTBEAT_S)
+    worker/agent -> coord   beat     {progress, waiting, debugging}    (every HEARTBEAT_S; a worker's
+                                                                       collective in progress, pdb)
     agent  -> coordinator   exit     {rank, pid, code, signal, error}  (per worker exit)
     coord  -> agent 0       end      {}                                (every rank has exited: it may
                                                                        close the torch.distributed store)
     agent  -> coordinator   done     {}                                (all its workers have exited)
-    worker -> coordinator   bye      {}                                (shutdown: stop watching my beats)
+    worker -> coordinator   bye      {last_op, waited_s, ran_s}        (shutdown: stop watching my beats)
     worker -> coordinator   report   {rank, data}                      (measurements, for macfleet doctor)
     coord  -> agent         beat     {}                                (every HEARTBEAT_S: the launcher lives)
     coord  -> agent         stdin    {data, eof}                       (the launcher's stdin, for every rank)
