@@ -45,6 +45,7 @@ class Coordinator:
         self.stall_timeout_s, self.stall_action, self.log = stall_timeout_s, stall_action, log
         self.status: dict[int, dict[str, Any]] = {}  # rank -> its last heartbeat's progress report
         self._stall_reported: str | None = None
+        self._held = False  # whether the ranks were told that one of them is in a debugger
         self.world_size, self.num_agents = world_size, num_agents
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.socket = ctx.socket(zmq.ROUTER)
@@ -165,6 +166,11 @@ class Coordinator:
         if sender.startswith("rank-"):
             self.status[int(sender[5:])] = {"progress": msg.get("progress"), "waiting": msg.get("waiting"),
                                             "debugging": bool(msg.get("debugging")), "at": time.monotonic()}
+            held = any(st.get("debugging") for r, st in self.status.items() if r not in self.exits)
+            if held != self._held:  # someone debugs a rank: the others' waits for it must not time out
+                self._held = held
+                for name in [n for n in self.peers if n.startswith("rank-")]:
+                    self.send(name, protocol.HOLD, on=held)
 
     def _waiting_for(self, now: float, longer_than: float = 0.0) -> dict[int, dict[str, Any]]:
         """Ranks that have been inside a collective for more than ``longer_than`` seconds."""

@@ -20,6 +20,8 @@ Flow of one job::
     coord  -> agent         beat     {}                                (every HEARTBEAT_S: the launcher lives)
     coord  -> agent         stdin    {data, eof}                       (the launcher's stdin, for every rank)
     coord  -> everyone      abort    {reason, rank}                    (any failure, or Ctrl-C)
+    coord  -> worker        hold     {on}                              (a rank is in a debugger, or no
+                                                                       longer: waits for it have no deadline)
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ ABORT = "abort"
 BYE = "bye"
 REPORT = "report"
 STDIN = "stdin"
+HOLD = "hold"
 
 HEARTBEAT_S = 1.0
 # Control messages are small; anything bigger is an attack or a bug (libzmq would otherwise

@@ -295,6 +295,8 @@ class _ControlThread(threading.Thread):
                 if msg.get("kind") == protocol.ABORT:
                     rank = msg.get("rank")
                     self.liveness.abort(str(msg.get("reason", "aborted")), rank if rank != self.env.rank else None)
+                elif msg.get("kind") == protocol.HOLD:
+                    self.liveness.held = bool(msg.get("on"))
                 else:
                     self.inbox.put(msg)
         finally:

@@ -33,6 +33,9 @@ class Liveness:
         self._lock = threading.Lock()
         self.reason: str | None = None
         self.failed_rank: int | None = None
+        # A rank of the job is stopped in a debugger (the coordinator says so): the others may
+        # wait for it as long as someone steps through its code, so waits have no deadline.
+        self.held = False
 
     def abort(self, reason: str, failed_rank: int | None = None) -> None:
         with self._lock:
@@ -189,6 +192,8 @@ class Channel:
         deadline = time.monotonic() + self.timeout_s
         while not sock.poll(POLL_SLICE_MS, event):
             self.liveness.check()
+            if self.liveness.held:
+                deadline = time.monotonic() + self.timeout_s
             if time.monotonic() > deadline:
                 raise CollectiveTimeout(
                     f"rank {self.rank}: no progress for {self.timeout_s:.0f} s waiting to {what} rank {peer} "

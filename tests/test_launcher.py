@@ -272,19 +272,21 @@ def test_a_mac_without_ssh_is_told_so_for_a_remote_host(tmp_path) -> None:
     assert "cannot start the agent for 127.0.0.2:" in job.stderr and "'ssh'" in job.stderr, job.stderr
 
 
-def test_ranks_waiting_for_one_stopped_in_pdb_are_not_a_stall() -> None:
-    """Rank 0 sits at pdb's prompt while rank 1 waits for it in a barrier. With a stall timeout
-    of 1 s the launcher aborted the job 2 s in, in the middle of the debugging session."""
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_ranks_waiting_for_one_stopped_in_pdb_are_not_a_stall(shm: str) -> None:
+    """Rank 0 sits at pdb's prompt while rank 1 waits for it in a barrier (through shared memory,
+    or sockets). With a stall timeout of 1 s the launcher aborted the job 2 s in, in the middle
+    of the debugging session; with a collective timeout of 2 s rank 1 gave up."""
     proc = subprocess.Popen(launch_command("--nproc", "2", "--stall-timeout", "1", str(BIN / "debugger.py"), "wait"),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ, "MACFLEET_TIMEOUT": "2", "MACFLEET_SHM": shm})
     try:
         seen, deadline = b"", time.monotonic() + 60
         while b"(Pdb)" not in seen and time.monotonic() < deadline and proc.poll() is None:
             if select.select([proc.stdout], [], [], 0.5)[0]:
                 seen += os.read(proc.stdout.fileno(), 65536)
         assert b"(Pdb)" in seen, seen
-        time.sleep(3)  # the user reads the code: longer than the 2 s after which a stall aborts
+        time.sleep(4)  # the user reads the code: past the stall's abort (2 s) and the collective timeout (2 s)
         out, err = proc.communicate(b"c\n", timeout=60)
     finally:
         kill_group(proc.pid)
