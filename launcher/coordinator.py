@@ -46,6 +46,7 @@ class Coordinator:
         self.status: dict[int, dict[str, Any]] = {}  # rank -> its last heartbeat's progress report
         self._stall_reported: str | None = None
         self._held = False  # whether the ranks were told that one of them is in a debugger
+        self._hold_ended: float | None = None  # when the last debugging ended
         self.world_size, self.num_agents = world_size, num_agents
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.socket = ctx.socket(zmq.ROUTER)
@@ -169,6 +170,8 @@ class Coordinator:
             held = any(st.get("debugging") for r, st in self.status.items() if r not in self.exits)
             if held != self._held:  # someone debugs a rank: the others' waits for it must not time out
                 self._held = held
+                self._hold_ended = None if held else time.monotonic()
+                self._stall_reported = None  # a stall after the debugging is reported afresh
                 for name in [n for n in self.peers if n.startswith("rank-")]:
                     self.send(name, protocol.HOLD, on=held)
 
@@ -177,9 +180,16 @@ class Coordinator:
         out = {}
         for rank, st in self.status.items():
             waiting = st.get("waiting")
-            if waiting and rank not in self.exits and waiting.get("for_s", 0) + now - st["at"] > longer_than:
+            if waiting and rank not in self.exits and self._waited(st, now) > longer_than:
                 out[rank] = waiting
         return out
+
+    def _waited(self, st: dict[str, Any], now: float) -> float:
+        """How long the rank whose status is ``st`` has been in its collective, as of its last
+        beat and since. Time while a rank was in a debugger does not count: the others waited for
+        it, and were not stuck, even in the second before their next beat says they are through."""
+        waited = st["waiting"].get("for_s", 0) + now - st["at"]
+        return waited if self._hold_ended is None else min(waited, now - self._hold_ended)
 
     @staticmethod
     def _who_waits(waiting: dict[int, dict[str, Any]]) -> str:
@@ -201,9 +211,9 @@ class Coordinator:
             return
         live = [r for r in range(self.world_size) if r not in self.exits]
         suspects = [r for r in live if r not in waiting]
-        debugged = [r for r in suspects if self.status.get(r, {}).get("debugging")]
-        if debugged:  # someone is stepping through it in pdb: the others wait for them, not for a hang
+        if self._held:  # someone is stepping through a rank in pdb: the others wait for it, not for a hang
             if self._stall_reported is None:
+                debugged = [r for r in live if self.status.get(r, {}).get("debugging")]
                 names = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in debugged)
                 many = len(debugged) > 1
                 self._stall_reported = f"rank{'s' if many else ''} {names} {'are' if many else 'is'} in a debugger"
@@ -226,7 +236,7 @@ class Coordinator:
         if self._stall_reported is None:
             self._stall_reported = reason
             self.log(f"stall: {reason}")
-        longest = max(w.get("for_s", 0) + now - self.status[r]["at"] for r, w in waiting.items())
+        longest = max(self._waited(self.status[r], now) for r in waiting)
         if self.stall_action == "abort" and longest > 2 * self.stall_timeout_s:
             self.fail(Failure(time.time(), f"stalled: {reason}", suspects[0] if suspects else None))
 

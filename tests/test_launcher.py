@@ -275,18 +275,20 @@ def test_a_mac_without_ssh_is_told_so_for_a_remote_host(tmp_path) -> None:
 @pytest.mark.parametrize("shm", ["1", "0"])
 def test_ranks_waiting_for_one_stopped_in_pdb_are_not_a_stall(shm: str) -> None:
     """Rank 0 sits at pdb's prompt while rank 1 waits for it in a barrier (through shared memory,
-    or sockets). With a stall timeout of 1 s the launcher aborted the job 2 s in, in the middle
-    of the debugging session; with a collective timeout of 2 s rank 1 gave up."""
-    proc = subprocess.Popen(launch_command("--nproc", "2", "--stall-timeout", "1", str(BIN / "debugger.py"), "wait"),
+    or sockets). With a stall timeout of 2 s the launcher aborted the job 4 s in, in the middle
+    of the debugging session; with a collective timeout of 3 s rank 1 gave up. Once rank 0
+    goes on, the time rank 1 waited must not count as a stall either (it did, until rank 1's
+    next heartbeat said it was through)."""
+    proc = subprocess.Popen(launch_command("--nproc", "2", "--stall-timeout", "2", str(BIN / "debugger.py"), "wait"),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, env={**os.environ, "MACFLEET_TIMEOUT": "2", "MACFLEET_SHM": shm})
+                            start_new_session=True, env={**os.environ, "MACFLEET_TIMEOUT": "3", "MACFLEET_SHM": shm})
     try:
         seen, deadline = b"", time.monotonic() + 60
         while b"(Pdb)" not in seen and time.monotonic() < deadline and proc.poll() is None:
             if select.select([proc.stdout], [], [], 0.5)[0]:
                 seen += os.read(proc.stdout.fileno(), 65536)
         assert b"(Pdb)" in seen, seen
-        time.sleep(4)  # the user reads the code: past the stall's abort (2 s) and the collective timeout (2 s)
+        time.sleep(5)  # the user reads the code: past the stall's abort (4 s) and the collective timeout (3 s)
         out, err = proc.communicate(b"c\n", timeout=60)
     finally:
         kill_group(proc.pid)
