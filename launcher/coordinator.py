@@ -100,7 +100,7 @@ class Coordinator:
         self._check_heartbeats()
         if time.monotonic() >= self._next_beat:  # agents stop their ranks if we fall silent
             self._next_beat = time.monotonic() + protocol.HEARTBEAT_S
-            self.send_agents(protocol.BEAT)
+            self.send_each("agent", protocol.BEAT)
 
     def _handle(self, frames: list[bytes]) -> None:
         if len(frames) != 3:
@@ -172,8 +172,7 @@ class Coordinator:
                 self._held = held
                 self._hold_ended = None if held else time.monotonic()
                 self._stall_reported = None  # a stall after the debugging is reported afresh
-                for name in [n for n in self.peers if n.startswith("rank-")]:
-                    self.send(name, protocol.HOLD, on=held)
+                self.send_each("rank", protocol.HOLD, on=held)
 
     def _waiting_for(self, now: float, longer_than: float = 0.0) -> dict[int, dict[str, Any]]:
         """Ranks that have been inside a collective for more than ``longer_than`` seconds."""
@@ -363,8 +362,9 @@ class Coordinator:
         except zmq.ZMQError:
             pass  # that peer is gone (EHOSTUNREACH) or saturated; it is being handled as lost
 
-    def send_agents(self, kind: str, **fields: Any) -> None:
-        for name in [n for n in self.peers if n.startswith("agent-")]:
+    def send_each(self, role: str, kind: str, **fields: Any) -> None:
+        """Send to every peer of ``role`` ("agent" or "rank") that has said hello."""
+        for name in [n for n in self.peers if n.startswith(f"{role}-")]:
             self.send(name, kind, **fields)
 
     def root_cause(self) -> Failure | None:

@@ -193,7 +193,7 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
         if stdin is not None and not stdin_ended and coord.started and coord.aborted is None:  # agents spawn on START
             data, stdin_ended = stdin.take()
             if data or stdin_ended:
-                coord.send_agents(protocol.STDIN, data=data, eof=stdin_ended)
+                coord.send_each("agent", protocol.STDIN, data=data, eof=stdin_ended)
         if interrupted and coord.aborted is None:
             log(f"{signal.Signals(interrupted[0]).name} received, stopping every rank on every host")
             coord.abort("stopped by the user")

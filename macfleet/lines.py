@@ -63,8 +63,10 @@ class WholeLines:
         self._partial = b""
 
     def add(self, piece: bytes) -> str | None:
-        """The line ``piece`` ends, without its ending; None if it ends none, or a blank one."""
-        self._partial += piece
+        """The line ``piece`` ends, without its ending; None if it ends none, or a blank one. Of a
+        line longer than ``LONGEST`` only the last ``LONGEST`` bytes are kept: a line with no end
+        would otherwise be copied whole at every piece, as ``pieces`` once did."""
+        self._partial = (self._partial + piece)[-LONGEST:]
         return self._take() if ends_line(piece) else None
 
     def rest(self) -> str | None:

@@ -294,17 +294,17 @@ class Agent:
               log: IO[bytes] | None) -> None:
         """Copy a rank's output as it comes: to its log file as it is, and to ours (unless the
         rank is not shown) with each line prefixed."""
-        at_start, lines = True, WholeLines()
+        at_start, lines = True, WholeLines() if tail is not None else None  # only stderr keeps a tail
         for piece in pieces(stream.fileno()):
             with self.out_lock:
                 if log is not None:
                     _write(log, piece)
                 if sink is not None:
                     at_start = self._show(sink, prefix, piece, at_start)
-            done = lines.add(piece)
+            done = lines.add(piece) if lines is not None else None
             if tail is not None and done:
                 tail.append(done)
-        done = lines.rest()
+        done = lines.rest() if lines is not None else None
         if tail is not None and done:
             tail.append(done)
         with self.out_lock:
