@@ -1,6 +1,6 @@
 """Ranks that run at different speeds: ``pace.py SLOW_RANK MODE STEPS``.
 
-Rank SLOW_RANK does 0.1 s more work than the others before each step, as a slower Mac would,
+Rank SLOW_RANK does 0.3 s more work than the others before each step, as a slower Mac would,
 so the others wait for it at every exchange. MODE ``collectives``: a step is one all-reduce
 from the script; ``dp``: a DataParallel training step of a model with several buckets, whose
 exchange runs on the communication thread while the script waits at the end of backward.
@@ -25,7 +25,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 started = time.monotonic()
 for _ in range(steps):
     if macfleet.rank() == slow_rank:
-        time.sleep(0.1)  # the slower Mac's extra work (the workload itself, not a synchronisation)
+        time.sleep(0.3)  # the slower Mac's extra work (the workload itself, not a synchronisation)
     if mode == "dp":
         optimizer.zero_grad()
         net(torch.randn(8, 64)).sum().backward()
