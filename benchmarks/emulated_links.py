@@ -27,19 +27,10 @@ import netns  # noqa: E402  (the test suite's namespace and sshd helpers)
 import sshd as sshd_helper  # noqa: E402
 
 BITS = {"gbit": 1e9, "mbit": 1e6}
-BURST = {"1gbit": "256kb", "10gbit": "4mb"}
 
 
 def rate_bits(rate: str) -> float:
     return float(rate[:-4]) * BITS[rate[-4:]]
-
-
-def shape(hosts: list[netns.NetnsHost], rate: str) -> None:
-    burst = BURST.get(rate, "1mb")
-    for host in hosts:  # both directions: the host's egress and the bridge's egress towards it
-        for prefix, dev in ((host.exec_prefix(), host.veth), ([], f"{host.veth}p")):
-            subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
-                            "burst", burst, "latency", "100ms"], check=True)
 
 
 def run_allreduce(hosts: list[netns.NetnsHost], ssh: list[str], rate: str, args: argparse.Namespace,
@@ -112,7 +103,8 @@ def main() -> None:
         port = sshd_helper.free_port()
         servers = [sshd_helper.start_sshd(directory, [h.addr], port=port, prefix=h.exec_prefix()) for h in hosts]
         for rate in rates:
-            shape(hosts, rate)
+            for host in hosts:
+                netns.set_rate(host, rate)
             results += run(hosts, servers[0].launch_options(), rate, args, directory / f"{rate}.json")
     finally:
         for server in servers:

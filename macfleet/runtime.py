@@ -43,7 +43,10 @@ class Runtime:
     device: backends.Device
     collectives: Collectives | None
     control: "_ControlThread | None"
-    ctx: zmq.Context | None
+    ctx: zmq.Context | None  # the control plane's
+    # The data plane's, apart: shutdown waits on it alone for the last sends to go out, while the
+    # control thread still hears an abort; and heartbeats never queue behind a ring's I/O thread.
+    data_ctx: zmq.Context | None = None
     pid: int = field(default_factory=os.getpid)  # a forked child inherits the runtime, not its ownership
 
     @property
@@ -95,7 +98,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
         raise ConfigError(f"streams must be >= 1, not {streams}")
     # one I/O thread per ring socket (send and receive, both directions x streams), so no
     # socket waits on another's thread
-    ctx = zmq.Context(io_threads=min(16, 4 * streams))
+    data_ctx = zmq.Context(io_threads=min(16, 4 * streams))
     liveness = Liveness()
     timeout_s = timeout_s or DEFAULT_TIMEOUT_S
     ring = local = leaders = None
@@ -106,7 +109,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     multi_host = env.world_size > env.local_world_size
     try:
         if env.world_size > 1:
-            ring = Ring(ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id, liveness,
+            ring = Ring(data_ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id, liveness,
                         timeout_s)
         if shared_memory and env.local_world_size > 1:
             local = LocalGroup(shm_dir or "", env.job_id, env.rank - env.local_rank, env.local_world_size,
@@ -114,12 +117,13 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
                                                           default_slot_bytes(env.local_world_size)),
                                liveness, timeout_s)
         if shared_memory and multi_host and env.local_rank == 0:
-            leaders = Ring(ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id, liveness,
+            leaders = Ring(data_ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id, liveness,
                            timeout_s, name="h")
     except BaseException:
-        ctx.destroy(linger=0)
+        data_ctx.destroy(linger=0)
         raise
     endpoints = {**(ring.endpoints() if ring else {}), **(leaders.endpoints() if leaders else {})}
+    ctx = zmq.Context()
     control = _ControlThread(ctx, env, liveness, str(dev.torch_device))
     control.start()
     try:
@@ -138,6 +142,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
             if closable is not None:
                 closable.close()
         ctx.destroy(linger=0)
+        data_ctx.destroy(linger=0)
         raise
     collectives = None
     if ring is not None:
@@ -151,7 +156,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
             local=local, leaders=leaders, shared_memory=shared_memory, all_streams=explicit is not None,
         )
         control.status = collectives.status
-    _runtime = Runtime(env, dev, collectives, control, ctx)
+    _runtime = Runtime(env, dev, collectives, control, ctx, data_ctx)
     atexit.register(shutdown)
     return _runtime
 
@@ -221,12 +226,14 @@ def _orphaned(env: WorkerEnv) -> bool:
 
 
 def shutdown() -> None:
-    """Close sockets and stop the control thread. Safe to call twice."""
+    """Deliver what this rank still sends, close sockets and stop the control thread. Safe to
+    call twice."""
     global _runtime
     rt, _runtime = _runtime, None
     if rt is None or rt.ctx is None or rt.pid != os.getpid():
         return  # nothing to close; or a forked child's exit, whose sockets and job directory are its parent's
     _orphaned(rt.env)
+    _close_data_plane(rt)
     if rt.control is not None:
         # a finished rank is not a hung one; its last collective tells a rank still waiting in a
         # later one that it waits in vain
@@ -236,12 +243,40 @@ def shutdown() -> None:
                    "ran_s": time.monotonic() - rt.collectives.started}
         rt.control.outbox.put((protocol.BYE, bye))
         rt.control.stop()
-    if rt.collectives is not None:
-        rt.collectives.close()
-        for closable in (rt.collectives.ring, rt.collectives.local, rt.collectives.leaders):
-            if closable is not None:
-                closable.close()
     rt.ctx.destroy(linger=0)
+
+
+def _close_data_plane(rt: Runtime) -> None:
+    """Close the ring sockets once what they still hold has gone out.
+
+    A collective may return before its last messages have left: a broadcast's source and a rank
+    that passes a chunk on wait for nobody (each rank waits only for what it receives). Dropped
+    at exit, they never reached the others: over a 100 Mbit/s link a rank that broadcast 8 MiB
+    and ended left the others waiting until the stall report. While the job is healthy they get
+    the collective timeout to go out; a peer that is gone takes its queue with it (ZeroMQ drops
+    the connection's pipe), and an abort that arrives meanwhile (the control thread still runs)
+    ends the wait. If the agent dies meanwhile, the control thread stops this process."""
+    control, collectives, data_ctx = rt.control, rt.collectives, rt.data_ctx
+    healthy = control is not None and control.liveness.reason is None
+    if collectives is not None:
+        collectives.close()
+        for ring in (collectives.ring, collectives.leaders):
+            if ring is not None:
+                ring.close(flush=healthy)
+        if collectives.local is not None:
+            collectives.local.close()
+    if data_ctx is None:
+        return
+    flushed = threading.Event()
+
+    def term() -> None:
+        data_ctx.term()  # returns once every socket's linger is over: delivered, or timed out
+        flushed.set()
+
+    threading.Thread(target=term, name="macfleet-flush", daemon=True).start()
+    while not flushed.wait(0.05):
+        if control is None or control.liveness.reason is not None:
+            return  # the job is going down: what is left matters to nobody
 
 
 class _ControlThread(threading.Thread):

@@ -201,8 +201,10 @@ class Channel:
                     f"is rank {peer} stuck or behind?")
         self.liveness.check()
 
-    def close(self) -> None:
-        self.push.close(linger=0)
+    def close(self, flush: bool = False) -> None:
+        """``flush``: what this rank still sends is delivered after the close, for up to the
+        collective timeout (ZeroMQ's linger; ``zmq.Context.term`` waits for it)."""
+        self.push.close(linger=int(self.timeout_s * 1000) if flush else 0)
         self.pull.close(linger=0)
 
 
@@ -275,9 +277,9 @@ class Ring:
     def dropped(self) -> int:
         return sum(ch.dropped for ch in self.channels)
 
-    def close(self) -> None:
+    def close(self, flush: bool = False) -> None:
         for ch in self.channels:
-            ch.close()
+            ch.close(flush)
 
 
 def _bracket(addr: str) -> str:

@@ -64,6 +64,21 @@ def set_link(host: NetnsHost, up: bool) -> None:
     _ip("netns", "exec", host.name, "ip", "link", "set", host.veth, "up" if up else "down")
 
 
+# tbf needs a bucket that holds a few packets at the rate, or the link runs slower than its rate
+BURST = {"1gbit": "256kb", "10gbit": "4mb"}
+
+
+def set_rate(host: NetnsHost, rate: str | None) -> None:
+    """Shape both directions of a host's link to ``rate`` (tc's units: 100mbit, 10gbit), as a
+    slower cable or Wi-Fi would; ``None`` takes the shaping off again."""
+    for prefix, dev in ((host.exec_prefix(), host.veth), ([], f"{host.veth}p")):  # its egress, the bridge's towards it
+        if rate is None:
+            subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
+        else:
+            subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
+                            "burst", BURST.get(rate, "1mb"), "latency", "100ms"], check=True, capture_output=True)
+
+
 def destroy(count: int) -> None:
     for i in range(1, count + 1):
         subprocess.run(["ip", "netns", "del", f"mfh{i}"], capture_output=True)

@@ -49,6 +49,25 @@ def test_mnist_across_hosts_matches_the_single_host_run(sshd, tmp_path) -> None:
             assert torch.allclose(got[name], want[name], atol=tolerance, rtol=0), (layout, env, name)
 
 
+def test_a_rank_that_ends_right_after_sending_still_delivers_it(netns_hosts) -> None:
+    """Over a slow link (100 Mbit/s, Wi-Fi speed) rank 0 broadcasts 8 MiB and its script ends:
+    the call returned with most of it still queued, and shutdown used to drop the queue, so
+    rank 1 waited for data that never came until the stall report aborted the job."""
+    import netns
+
+    hosts, server = netns_hosts
+    try:
+        for host in hosts:
+            netns.set_rate(host, "100mbit")
+        job = run_launch("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:1", *server.launch_options(),
+                         "--stall-timeout", "5", str(BIN / "last_send.py"), str(8 << 20), timeout=90)
+    finally:
+        for host in hosts:
+            netns.set_rate(host, None)
+    assert job.code == 0, job.output
+    assert "[rank 1 " in job.stdout and "received every byte" in job.stdout, job.output
+
+
 def test_an_unmodified_ddp_gloo_script_runs_across_hosts(sshd) -> None:
     job = run_launch("--hosts", "127.0.0.2:2,127.0.0.3:1", *sshd.launch_options(), str(BIN / "ddp_gloo.py"))
     assert job.code == 0, job.output
