@@ -165,7 +165,9 @@ class Coordinator:
     def _on_beat(self, msg: dict[str, Any], peer: Peer) -> None:
         sender = str(msg.get("from"))
         if sender.startswith("rank-"):
+            quiet = msg.get("quiet_s")
             self.status[int(sender[5:])] = {"progress": msg.get("progress"), "waiting": msg.get("waiting"),
+                                            "quiet_s": float(quiet) if isinstance(quiet, (int, float)) else None,
                                             "debugging": bool(msg.get("debugging")), "at": time.monotonic()}
             held = any(st.get("debugging") for r, st in self.status.items() if r not in self.exits)
             if held != self._held:  # someone debugs a rank: the others' waits for it must not time out
@@ -205,7 +207,7 @@ class Coordinator:
             return
         now = time.monotonic()
         waiting = self._waiting_for(now, self.stall_timeout_s)
-        if not waiting:
+        if not waiting or self._data_moving(now):
             self._stall_reported = None
             return
         live = [r for r in range(self.world_size) if r not in self.exits]
@@ -238,6 +240,16 @@ class Coordinator:
         longest = max(self._waited(self.status[r], now) for r in waiting)
         if self.stall_action == "abort" and longest > 2 * self.stall_timeout_s:
             self.fail(Failure(time.time(), f"stalled: {reason}", suspects[0] if suspects else None))
+
+    def _data_moving(self, now: float) -> bool:
+        """Whether data reached some rank within the stall timeout. Every collective needs every
+        rank, so while one is stuck no data moves anywhere for long; while it does, a long wait is
+        a large exchange over a slow link (a big model's first broadcast over Wi-Fi takes minutes),
+        not a stall. Judged by each rank's last beat while it is fresh (a stall is then named at
+        most a beat late; a rank whose beats stop is lost by the heartbeat timeout)."""
+        return any(st.get("quiet_s") is not None and st["quiet_s"] < self.stall_timeout_s
+                   and now - st["at"] < 2 * protocol.HEARTBEAT_S
+                   for rank, st in self.status.items() if rank not in self.exits)
 
     def _on_report(self, msg: dict[str, Any], peer: Peer) -> None:
         rank = msg.get("rank")

@@ -471,8 +471,10 @@ class Collectives:
             self._stop_waiting(since)
 
     def status(self) -> dict:
+        """For the heartbeat: collectives done, the one in progress, and how long since data last
+        reached this rank (``quiet_s``)."""
         current = self.current
-        status: dict = {"progress": self.ops_done}
+        status: dict = {"progress": self.ops_done, "quiet_s": time.monotonic() - self.ring.liveness.moved_at}
         if current is not None:
             status["waiting"] = {"op": current[0], "id": current[1], "for_s": time.monotonic() - current[2]}
         return status

@@ -9,8 +9,9 @@ Flow of one job::
     coord  -> agent         start    {master_addr, master_port}        (once every agent said hello)
     worker -> coordinator   register {rank, endpoints, pid, host}
     coord  -> worker        peers    {table}                           (once every rank registered)
-    worker/agent -> coord   beat     {progress, waiting, debugging}    (every HEARTBEAT_S; a worker's
-                                                                       collective in progress, pdb)
+    worker/agent -> coord   beat     {progress, waiting, quiet_s,      (every HEARTBEAT_S; a worker's
+                                      debugging}                       collective in progress, how long
+                                                                       since data reached it, pdb)
     agent  -> coordinator   exit     {rank, pid, code, signal, error}  (per worker exit)
     coord  -> agent 0       end      {}                                (every rank has exited: it may
                                                                        close the torch.distributed store)

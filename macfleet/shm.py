@@ -169,6 +169,7 @@ class LocalGroup:
                         f"local rank {self.index}: local ranks {late} of this host did not reach a barrier "
                         f"within {self.timeout_s:.0f} s")
         _fence()  # the counters, then what the others wrote
+        self.liveness.moved()
         if self._unchecked:
             self._unchecked = False
             self._check_agreement()

@@ -36,6 +36,12 @@ class Liveness:
         # A rank of the job is stopped in a debugger (the coordinator says so): the others may
         # wait for it as long as someone steps through its code, so waits have no deadline.
         self.held = False
+        # When data last reached this rank (a message of a collective, a barrier passed): the
+        # heartbeat says how long ago, so a long exchange over a slow link is not taken for a stall.
+        self.moved_at = time.monotonic()
+
+    def moved(self) -> None:
+        self.moved_at = time.monotonic()
 
     def abort(self, reason: str, failed_rank: int | None = None) -> None:
         with self._lock:
@@ -151,6 +157,7 @@ class Channel:
                 self._drain()
                 continue
             self._seq_in += 1
+            self.liveness.moved()
             return fields
 
     def recv_frame(self) -> zmq.Frame:

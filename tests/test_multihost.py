@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from conftest import BIN, MNIST, job_processes, kill_group, launch_command, run_launch
+from conftest import BIN, MNIST, Job, job_processes, kill_group, launch_command, run_launch
 from test_training import STEPS, reference_parameters
 
 BEHAVE = str(BIN / "behave.py")
@@ -49,23 +49,37 @@ def test_mnist_across_hosts_matches_the_single_host_run(sshd, tmp_path) -> None:
             assert torch.allclose(got[name], want[name], atol=tolerance, rtol=0), (layout, env, name)
 
 
-def test_a_rank_that_ends_right_after_sending_still_delivers_it(netns_hosts) -> None:
-    """Over a slow link (100 Mbit/s, Wi-Fi speed) rank 0 broadcasts 8 MiB and its script ends:
-    the call returned with most of it still queued, and shutdown used to drop the queue, so
-    rank 1 waited for data that never came until the stall report aborted the job."""
+def broadcast_over_a_slow_link(netns_hosts, nbytes: int, stall_timeout_s: float) -> Job:
+    """Two hosts joined by a 100 Mbit/s link (Wi-Fi speed): rank 0 broadcasts ``nbytes`` and its
+    script ends at once (``last_send.py``)."""
     import netns
 
     hosts, server = netns_hosts
     try:
         for host in hosts:
             netns.set_rate(host, "100mbit")
-        job = run_launch("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:1", *server.launch_options(),
-                         "--stall-timeout", "5", str(BIN / "last_send.py"), str(8 << 20), timeout=90)
+        return run_launch("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:1", *server.launch_options(),
+                          "--stall-timeout", str(stall_timeout_s), str(BIN / "last_send.py"), str(nbytes), timeout=90)
     finally:
         for host in hosts:
             netns.set_rate(host, None)
+
+
+def test_a_rank_that_ends_right_after_sending_still_delivers_it(netns_hosts) -> None:
+    """The broadcast returned on rank 0 with most of its 8 MiB still queued, and shutdown used to
+    drop the queue: rank 1 waited for data that never came until the stall report aborted the job."""
+    job = broadcast_over_a_slow_link(netns_hosts, 8 << 20, stall_timeout_s=5)
     assert job.code == 0, job.output
     assert "[rank 1 " in job.stdout and "received every byte" in job.stdout, job.output
+
+
+def test_a_long_exchange_over_a_slow_link_is_not_a_stall(netns_hosts) -> None:
+    """48 MiB take about 4 s at 100 Mbit/s, far over the 1 s stall timeout, with data arriving
+    all along: the stall report used to name rank 0 ("made no progress") and abort the job at
+    2 s, as it would a big model's first broadcast over Wi-Fi at the default 60 s."""
+    job = broadcast_over_a_slow_link(netns_hosts, 48 << 20, stall_timeout_s=1)
+    assert job.code == 0, job.output
+    assert "received every byte" in job.stdout and "stall" not in job.stderr, job.output
 
 
 def test_an_unmodified_ddp_gloo_script_runs_across_hosts(sshd) -> None:
