@@ -111,20 +111,29 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
                    "a restart appends.")
 @click.option("--show-ranks", default=None, metavar="RANKS", show_envvar=True,
               help="Show only these ranks' output on the terminal, e.g. 0 or 0,4-7 (--log-dir keeps every rank's).")
+@click.option("-m", "--module", is_flag=True, help="SCRIPT is a module, run as python -m runs it (from --cwd).")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, memory_fraction: float | None,
            heartbeat_timeout: float, stall_timeout: float, stall_action: str, max_restarts: int,
-           allow_version_mismatch: bool, log_dir: str | None, show_ranks: str | None, **hosts: Any) -> None:
+           allow_version_mismatch: bool, log_dir: str | None, show_ranks: str | None, module: bool,
+           **hosts: Any) -> None:
     """Run SCRIPT [ARGS]... as one data-parallel job.
 
     \b
     macfleet launch --nproc 2 examples/mnist/train.py --epochs 1
     macfleet launch --hosts mac1:2,mac2:2 examples/mnist/train.py
+    macfleet launch --nproc 2 -m mypackage.train --epochs 1
     """
-    if not os.path.isfile(script):
+    if module:  # python -m's rules: the bootstrap finds it on each host, and says so if it is not there
+        if not all(part.isidentifier() for part in script.split(".")):
+            raise click.BadParameter(f"{script!r} is not a module name like mypackage.train", param_hint="-m")
+        script, script_args = "-m", (script, *script_args)
+    elif not os.path.isfile(script):
         raise click.BadParameter(f"no such file: {script}", param_hint="SCRIPT")
-    cfg = make_config(os.path.abspath(script), list(script_args), device=device, seed=seed,
+    else:
+        script = os.path.abspath(script)
+    cfg = make_config(script, list(script_args), device=device, seed=seed,
                       memory_fraction=memory_fraction, heartbeat_timeout_s=heartbeat_timeout,
                       stall_timeout_s=stall_timeout, stall_action=stall_action,
                       allow_version_mismatch=allow_version_mismatch, log_dir=log_dir, **hosts)

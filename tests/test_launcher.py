@@ -137,6 +137,25 @@ def test_a_missing_script_is_a_one_line_error(tmp_path) -> None:
     assert "no such file" in job.stderr and "Traceback" not in job.stderr
 
 
+def test_a_module_runs_as_python_m_runs_it(tmp_path) -> None:
+    """``-m pkg.mod`` as with torchrun and python: the module is found from --cwd and runs as
+    __main__ with the arguments that follow; one that is not there is named in one line."""
+    package = tmp_path / "trainer"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "main.py").write_text("import sys\nimport macfleet\nmacfleet.init()\nmacfleet.barrier()\n"
+                                     "print('ran', __name__, macfleet.rank(), sys.argv[1:], flush=True)\n")
+    job = run_launch("--nproc", "2", "--cwd", str(tmp_path), "-m", "trainer.main", "--lr", "3", timeout=60)
+    assert job.code == 0, job.output
+    for rank in (0, 1):
+        assert f"[rank {rank}] ran __main__ {rank} ['--lr', '3']" in job.stdout, job.output
+    missing = run_launch("--nproc", "2", "--cwd", str(tmp_path), "-m", "trainer.nope", timeout=60)
+    root = missing.stderr[missing.stderr.index("root cause"):]
+    assert missing.code == 1 and "No module named 'trainer.nope'" in root and "bootstrap" not in root, root
+    bad = run_launch("--nproc", "1", "-m", "not/a/module")
+    assert bad.code == 2 and "is not a module name" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_bad_flags_are_usage_errors() -> None:
     for args in (["--nproc", "0", BEHAVE], ["--hosts", "a:x", BEHAVE], ["--device", "tpu", BEHAVE],
                  ["--memory-fraction", "1.5", BEHAVE], ["--python", "/no/python", BEHAVE],

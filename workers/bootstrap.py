@@ -32,8 +32,12 @@ def main() -> None:
     try:
         if module is not None:
             sys.argv = sys.argv[2:]
-            spec = importlib.util.find_spec(module)
-            script = os.path.abspath(spec.origin) if spec and spec.origin else module
+            spec = _find_module(module)
+            if spec is None:  # the user's mistake: one line, none of our frames
+                _report(ModuleNotFoundError(f"No module named {module!r} in {os.getcwd()} or the installed "
+                                            f"packages (-m runs it as python -m would, from --cwd)"), module)
+                sys.exit(1)
+            script = os.path.abspath(spec.origin) if spec.origin else module
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
             sys.argv = sys.argv[1:]
@@ -46,6 +50,17 @@ def main() -> None:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
     _free_script_objects()
     sys.exit(code)
+
+
+def _find_module(module: str) -> importlib.machinery.ModuleSpec | None:
+    """``module``'s spec, or None where it (or a package it is in) is not there. An import that
+    fails inside an existing package is the package's own error, with its traceback."""
+    try:
+        return importlib.util.find_spec(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
+            return None
+        raise
 
 
 def _free_script_objects() -> None:
