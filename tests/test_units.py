@@ -392,3 +392,31 @@ def test_mnist_example_reads_idx_files_raw_or_gzipped_with_plain_python(tmp_path
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"MNIST from {tmp_path}" in out.stdout and "test accuracy" in out.stdout
+
+
+def test_a_mac_is_kept_awake_while_the_agent_lives(tmp_path, monkeypatch) -> None:
+    """On macOS the agent holds caffeinate's assertion, tied to its own pid; elsewhere nothing
+    starts. caffeinate cannot run here: a stand-in at its path records how it was called."""
+    from macfleet.workers import awake
+
+    assert awake.keep_awake(os.getpid()) is None  # this is Linux: nothing to hold
+    called = tmp_path / "argv"
+    stand_in = tmp_path / "caffeinate"
+    stand_in.write_text(f"#!/bin/sh\necho \"$@\" > {called}\nexec sleep 60\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setattr(awake, "CAFFEINATE", str(stand_in))
+    guard = awake.keep_awake(4242)
+    assert guard is not None
+    try:
+        deadline = time.monotonic() + 10
+        while not (called.exists() and called.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.02)  # polling for the stand-in to have started
+        assert called.read_text().split() == ["-i", "-s", "-w", "4242"]
+        awake.let_sleep(guard)
+        assert guard.poll() is not None  # given back when the agent finishes
+    finally:
+        guard.kill()
+        guard.wait()
+    monkeypatch.setattr(awake, "CAFFEINATE", str(tmp_path / "missing"))
+    assert awake.keep_awake(4242) is None  # a Mac without it: the job runs all the same

@@ -8,6 +8,7 @@ with the rank's error file, and stops its ranks (SIGTERM, grace, SIGKILL to the 
 the coordinator aborts, when the launcher goes away (stdin closes: the launcher died, or the
 ssh connection did), or when it is itself told to stop. The agent of rank 0's host also serves
 the job's torch.distributed store (``macfleet.workers.store``) until every rank of the job is out.
+On a Mac it keeps the Mac from sleeping while its ranks run (``macfleet.workers.awake``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from macfleet import netaddr, protocol
 from macfleet.control import ControlClient
 from macfleet.lines import WholeLines, ends_line, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
+from macfleet.workers.awake import keep_awake, let_sleep
 
 TAIL_LINES = 40
 
@@ -170,6 +172,7 @@ class Agent:
         self.store_socket: socket.socket | None = None  # host 0: bound now, served by the store process
         self.store: subprocess.Popen | None = None
         self.logs: dict[int, IO[bytes]] = {}  # by rank, with --log-dir
+        self.awake: subprocess.Popen | None = None  # holds a Mac awake while its ranks run
 
     def run(self) -> int:
         threading.Thread(target=self._watch_stdin, daemon=True).start()
@@ -192,6 +195,7 @@ class Agent:
             return self._finish()
         if self.store_socket is not None:
             self._start_store()
+        self.awake = keep_awake(os.getpid())
         for local_rank in range(self.spec.slots):
             self._beat()  # starting many ranks on a busy Mac takes seconds; the coordinator must still hear us
             self._spawn(local_rank, str(start["master_addr"]), int(start["master_port"]))
@@ -383,6 +387,7 @@ class Agent:
             self.store.wait()
         if self.store_socket is not None:
             self.store_socket.close()
+        let_sleep(self.awake)
         with self.out_lock:  # a pump still draining a rank's orphaned child writes no more
             for log in self.logs.values():
                 log.close()
