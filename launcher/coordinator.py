@@ -74,6 +74,7 @@ class Coordinator:
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
         self.last_ops: dict[int, int] = {}  # rank -> the last collective it drew, sent when it shut down
         self.waits: dict[int, tuple[float, float]] = {}  # rank -> (seconds it waited on the others, seconds it ran)
+        self.speeds: dict[int, float] = {}  # rank -> its share of a step's samples per second of its work in one
         self._seq = 0
         self._next_beat = 0.0
 
@@ -303,6 +304,10 @@ class Coordinator:
         waited, ran = msg.get("waited_s"), msg.get("ran_s")
         if isinstance(waited, (int, float)) and isinstance(ran, (int, float)) and waited >= 0 and ran > 0:
             self.waits[rank] = (float(waited), float(ran))
+        step_s, share = msg.get("step_s"), msg.get("share")
+        share = 1.0 / self.world_size if share is None else share  # no shares given: equal parts
+        if isinstance(step_s, (int, float)) and isinstance(share, (int, float)) and step_s > 0 and 0 < share <= 1:
+            self.speeds[rank] = float(share) / float(step_s)
 
     def _on_done(self, msg: dict[str, Any], peer: Peer) -> None:
         index = msg.get("host_index")

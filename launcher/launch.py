@@ -296,7 +296,8 @@ def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
         cfg.restart_count = attempt
         outcome = run_job(cfg, stdin)
         if outcome.code == 0:  # a training job's, not bench's or doctor's: their own tables say it
-            for line in pace_report(outcome.coordinator.waits, outcome.coordinator.hosts, cfg.world_size):
+            coord = outcome.coordinator
+            for line in pace_report(coord.waits, coord.hosts, cfg.world_size, coord.speeds):
                 log(line)
         if outcome.code == 0 or outcome.interrupted or not outcome.coordinator.started or attempt == max_restarts:
             if cfg.log_dir is not None and outcome.coordinator.started:

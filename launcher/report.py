@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from macfleet.launcher.coordinator import Failure
 from macfleet.protocol import WorkerExit
 
@@ -73,11 +75,14 @@ COMMUNICATION_BOUND = 0.30  # every rank waiting this much of its time: communic
 LISTED_RANKS = 8  # more ranks than this are summed up (least, median, most) rather than listed
 
 
-def pace_report(waits: dict[int, tuple[float, float]], hosts: dict[int, str], world_size: int) -> list[str]:
+def pace_report(waits: dict[int, tuple[float, float]], hosts: dict[int, str], world_size: int,
+                speeds: dict[int, float] | None = None) -> list[str]:
     """After a job that finished: what share of its time each rank spent waiting on the others
     and the network, and who set the pace. On a fleet of mixed Macs the slowest one never waits:
     every other rank waits for it at each exchange (Horovod's timeline shows this; the launcher
-    can say it in a line). Nothing when a rank did not report or the job was one rank."""
+    can say it in a line), and with every rank's ``speeds`` (DataParallel's measure: its share
+    of a step per second of work) it says which shares would even them out. Nothing when a rank
+    did not report or the job was one rank."""
     if world_size < 2 or len(waits) < world_size:
         return []
     share = {r: waited / ran for r, (waited, ran) in waits.items()}
@@ -109,7 +114,26 @@ def pace_report(waits: dict[int, tuple[float, float]], hosts: dict[int, str], wo
                      f"{high - low:.0%} more of {'their' if len(fast) > 1 else 'its'} time waiting for "
                      f"{'them' if len(slow) > 1 else 'it'}"
                      + ("; DataParallel's shares give faster Macs larger batches" if multi_host else ""))
+        suggested = suggest_shares([speeds[r] for r in range(world_size)]) \
+            if multi_host and speeds and len(speeds) == world_size else None
+        if suggested and len(set(suggested)) > 1:
+            lines.append(f"shares={suggested} would give each rank work in proportion to its speed in this job: pass "
+                         f"them to DistributedSampler and DataParallel (README: Macs of different speeds)")
     elif low >= COMMUNICATION_BOUND:
         lines.append(f"communication sets the pace: every rank spent at least {low:.0%} of its time in it"
                      + (" (macfleet doctor measures the links between the hosts)" if multi_host else ""))
     return lines
+
+
+def suggest_shares(speeds: list[float], tolerance: float = 0.1, largest_scale: int = 10) -> list[int]:
+    """Whole-number shares in proportion to ``speeds`` (each rank's share of a step per second of
+    work), as small as keeps every rank within ``tolerance`` of its exact part: [3.1, 1.0] gives
+    [3, 1], and [1.6, 1.6, 1.0, 1.0] gives [3, 3, 2, 2] rather than [2, 2, 1, 1]."""
+    slowest = min(speeds)
+    exact = [s / slowest for s in speeds]
+    for scale in range(1, largest_scale + 1):
+        shares = [max(1, round(scale * x)) for x in exact]
+        if all(abs(share - scale * x) <= tolerance * scale * x for share, x in zip(shares, exact, strict=True)):
+            break
+    divisor = math.gcd(*shares)
+    return [share // divisor for share in shares]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -99,6 +100,10 @@ class Collectives:
         self.ops_done = 0  # progress counter, read by the heartbeat
         self.started = time.monotonic()
         self.waited_s = 0.0  # time the script's threads spent blocked in macfleet (``waiting``)
+        # For the launcher's suggested shares: the seconds this rank worked in each training step
+        # (DataParallel notes them, its waits left out), and its part of every step's samples.
+        self.step_work_s: deque[float] = deque(maxlen=4096)
+        self.step_share: float | None = None
         self.current: tuple[str, int, float] | None = None  # (collective, op id, since): what we wait in
         self.last_algorithm = ""  # which path the last all_reduce took (for benchmarks)
         self._op = 0

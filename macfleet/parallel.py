@@ -83,6 +83,7 @@ class DataParallel(nn.Module):
         self.compression = compression
         self.require_backward_grad_sync = True
         self.last_wait_s = 0.0  # how long the end of the last backward waited for communication
+        self._step_ended: tuple[float, float] | None = None  # when the last step's exchange ended, and waited_s then
         self.scale = _share_scale(shares, self.runtime.rank, self.runtime.world_size)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         for name, p in named:
@@ -98,6 +99,8 @@ class DataParallel(nn.Module):
         self._released = 0  # buckets released for averaging in this step: always a prefix, in index order
         self._comm: _CommThread | None = None
         if self.runtime.world_size > 1:
+            if shares is not None and self.runtime.collectives is not None:
+                self.runtime.collectives.step_share = float(shares[self.runtime.rank]) / sum(map(float, shares))
             with torch.no_grad(), rt.on_behalf_of("DataParallel (start)"):
                 _agree_on_shares(shares, self.runtime.world_size)
                 _broadcast_flat([p for _, p in module.named_parameters()], "parameters")
@@ -236,6 +239,7 @@ class DataParallel(nn.Module):
             if not bucket.pending and comm is not None:
                 self._complete(bucket, comm)
         started = time.perf_counter()
+        self._note_work(started)
         with rt.waiting():  # the time this rank's training loop loses to the exchange and to slower ranks
             if comm is not None:
                 comm.wait(self.buckets)
@@ -247,8 +251,21 @@ class DataParallel(nn.Module):
                 else:
                     _average(bucket, _stage(bucket, device.record_event(), device), device, self.compression)
         device.staged()  # later device work (optimizer.step) sees the averaged gradients
-        self.last_wait_s = time.perf_counter() - started
+        ended = time.perf_counter()
+        self.last_wait_s = ended - started
+        collectives = self.runtime.collectives
+        self._step_ended = (ended, collectives.waited_s) if collectives is not None else None
         self._restore_sparse()
+
+    def _note_work(self, now: float) -> None:
+        """How long this rank worked since the last step's exchange ended: optimizer step, data,
+        forward, backward, but not its waits for the others (the buffers' broadcast in forward
+        waits for a slower Mac too). Its median says how fast this Mac trains, for the shares
+        the launcher suggests."""
+        collectives = self.runtime.collectives
+        if self._step_ended is not None and collectives is not None:
+            ended, waited = self._step_ended
+            collectives.step_work_s.append((now - ended) - (collectives.waited_s - waited))
 
     def _restore_sparse(self) -> None:
         """Gradients that autograd made sparse are sparse again once averaged: an optimizer for

@@ -16,7 +16,8 @@ Flow of one job::
     coord  -> agent 0       end      {}                                (every rank has exited: it may
                                                                        close the torch.distributed store)
     agent  -> coordinator   done     {}                                (all its workers have exited)
-    worker -> coordinator   bye      {last_op, waited_s, ran_s}        (shutdown: stop watching my beats)
+    worker -> coordinator   bye      {last_op, waited_s, ran_s,        (shutdown: stop watching my beats;
+                                      step_s, share}                   DataParallel's work per step, share)
     worker -> coordinator   report   {rank, data}                      (measurements, for macfleet doctor)
     coord  -> agent         beat     {}                                (every HEARTBEAT_S: the launcher lives)
     coord  -> agent         stdin    {data, eof}                       (the launcher's stdin, for every rank)

@@ -13,6 +13,7 @@ import atexit
 import os
 import queue
 import shutil
+import statistics
 import sys
 import threading
 import time
@@ -238,9 +239,11 @@ def shutdown() -> None:
         # a finished rank is not a hung one; its last collective tells a rank still waiting in a
         # later one that it waits in vain
         bye: dict[str, Any] = {"last_op": 0}
-        if rt.collectives is not None:  # and how much of its time it waited, for the launcher's pace line
-            bye = {"last_op": rt.collectives.last_op, "waited_s": rt.collectives.waited_s,
-                   "ran_s": time.monotonic() - rt.collectives.started}
+        c = rt.collectives
+        if c is not None:  # how much of its time it waited, and how fast it trained, for the launcher's pace line
+            bye = {"last_op": c.last_op, "waited_s": c.waited_s, "ran_s": time.monotonic() - c.started,
+                   "step_s": statistics.median(c.step_work_s) if c.step_work_s else None,
+                   "share": c.step_share}
         rt.control.outbox.put((protocol.BYE, bye))
         rt.control.stop()
     rt.ctx.destroy(linger=0)

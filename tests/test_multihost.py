@@ -82,6 +82,19 @@ def test_a_long_exchange_over_a_slow_link_is_not_a_stall(netns_hosts) -> None:
     assert "received every byte" in job.stdout and "stall" not in job.stderr, job.output
 
 
+def test_the_launcher_suggests_shares_for_macs_of_different_speeds(sshd) -> None:
+    """Rank 2, alone on its host, works four times as long per step as ranks 0 and 1: the last
+    lines name it and suggest shares in proportion to the speeds measured (about 4:4:1)."""
+    job = run_launch("--hosts", "127.0.0.2:2,127.0.0.3:1", *sshd.launch_options(), str(BIN / "pace.py"), "2", "dp",
+                     "8", timeout=120)
+    assert job.code == 0, job.output
+    assert "rank 2 (on 127.0.0.3) sets the pace" in job.stderr, job.stderr
+    found = re.search(r"shares=\[(\d+), (\d+), (\d+)\] would give each rank work in proportion", job.stderr)
+    assert found, job.stderr
+    first, second, slow = map(int, found.groups())
+    assert first == second and 3.0 <= first / slow <= 4.5, job.stderr
+
+
 def test_an_unmodified_ddp_gloo_script_runs_across_hosts(sshd) -> None:
     job = run_launch("--hosts", "127.0.0.2:2,127.0.0.3:1", *sshd.launch_options(), str(BIN / "ddp_gloo.py"))
     assert job.code == 0, job.output

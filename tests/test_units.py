@@ -279,6 +279,25 @@ def test_the_pace_line_names_the_ranks_the_others_wait_for() -> None:
     assert len(pace_report({0: (8.0, 100.0), 1: (16.0, 100.0), 2: (1.0, 100.0)}, dict.fromkeys(range(3), "m"), 3)) == 1
 
 
+def test_shares_are_suggested_from_each_macs_measured_speed() -> None:
+    from macfleet.launcher.report import suggest_shares
+
+    assert suggest_shares([3.1, 1.0]) == [3, 1]
+    assert suggest_shares([1.6, 1.6, 1.0, 1.0]) == [3, 3, 2, 2]  # [2, 2, 1, 1] would be 25% off
+    assert suggest_shares([1.05, 1.0, 0.97]) == [1, 1, 1]  # within 10%: equal
+    assert suggest_shares([0.5, 0.25]) == [2, 1]
+    hosts = {0: "studio", 1: "studio", 2: "air", 3: "air"}
+    waits = {0: (41.0, 100.0), 1: (40.0, 100.0), 2: (6.0, 100.0), 3: (5.0, 100.0)}
+    speeds = {0: 0.25 / 0.1, 1: 0.25 / 0.1, 2: 0.25 / 0.3, 3: 0.25 / 0.31}  # equal shares, the airs 3x slower
+    lines = pace_report(waits, hosts, 4, speeds)
+    assert lines[2].startswith("shares=[3, 3, 1, 1] would give each rank work in proportion to its speed")
+    # the studio's ranks already take 3 parts each, and each part costs them as much as an air's
+    speeds = {0: 0.375 / 0.3, 1: 0.375 / 0.3, 2: 0.125 / 0.1, 3: 0.125 / 0.3}
+    assert "shares=[3, 3, 3, 1]" in pace_report(waits, hosts, 4, speeds)[2]
+    assert len(pace_report(waits, hosts, 4, {0: 1.0})) == 2  # not every rank measured: no suggestion
+    assert len(pace_report(waits, dict.fromkeys(range(4), "m"), 4, speeds)) == 2  # one Mac: ranks alike
+
+
 def test_the_pace_line_says_when_communication_itself_is_the_bottleneck_and_keeps_quiet_otherwise() -> None:
     equal = dict.fromkeys(range(4), (45.0, 100.0))
     assert "communication sets the pace" in pace_report(equal, {0: "a", 1: "a", 2: "b", 3: "b"}, 4)[1]

@@ -1,7 +1,7 @@
 """Ranks that run at different speeds: ``pace.py SLOW_RANK MODE STEPS``.
 
-Rank SLOW_RANK does 0.3 s more work than the others before each step, as a slower Mac would,
-so the others wait for it at every exchange. MODE ``collectives``: a step is one all-reduce
+Every rank does 0.1 s of work before each step and rank SLOW_RANK 0.3 s more, as a Mac four times
+slower would, so the others wait for it at every exchange. MODE ``collectives``: a step is one all-reduce
 from the script; ``dp``: a DataParallel training step of a model with several buckets, whose
 exchange runs on the communication thread while the script waits at the end of backward.
 Each rank prints how long its loop took, and how long since it joined the job.
@@ -24,8 +24,7 @@ assert mode != "dp" or len(net.buckets) > 1, "the model must take the communicat
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 started = time.monotonic()
 for _ in range(steps):
-    if macfleet.rank() == slow_rank:
-        time.sleep(0.3)  # the slower Mac's extra work (the workload itself, not a synchronisation)
+    time.sleep(0.4 if macfleet.rank() == slow_rank else 0.1)  # the workload itself, not a synchronisation
     if mode == "dp":
         optimizer.zero_grad()
         net(torch.randn(8, 64)).sum().backward()
