@@ -324,9 +324,9 @@ class Coordinator:
                 rank = int(name.split("-")[1]) if name.startswith("rank-") else None
                 who = f"rank {rank} ({self.hosts.get(rank, '?')})" if rank is not None else f"the {name.replace('-', ' ')}"
                 waiting = {r: w for r, w in self._waiting_for(now).items() if r != rank}
+                cause = "stopped, hung, asleep, or its host is cut off"
                 self.fail(Failure(time.time(), f"{who} sent no heartbeat for {self.heartbeat_timeout_s:.0f} s "
-                                               f"(stopped, hung, asleep, or its host is cut off){self._who_waits(waiting)}",
-                                  rank))
+                                               f"({cause}){self._who_waits(waiting)}", rank))
         self._check_left_behind()
         self._check_stalls()
 

@@ -118,8 +118,8 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
                                                           default_slot_bytes(env.local_world_size)),
                                liveness, timeout_s)
         if shared_memory and multi_host and env.local_rank == 0:
-            leaders = Ring(data_ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id, liveness,
-                           timeout_s, name="h")
+            leaders = Ring(data_ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id,
+                           liveness, timeout_s, name="h")
     except BaseException:
         data_ctx.destroy(linger=0)
         raise
