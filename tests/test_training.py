@@ -40,14 +40,17 @@ def test_sharded_training_matches_one_process_on_the_whole_batch(tmp_path, world
         assert torch.allclose(got[name], value, atol=1e-5, rtol=0), name
 
 
-@pytest.mark.parametrize("shares", [None, "3,1"])
-def test_mnist_example_learns_in_one_epoch_on_two_processes(tmp_path, shares: str | None) -> None:
-    """With --shares 3,1 rank 0 takes three batches' worth of every step (a faster Mac)."""
-    more = ["--shares", shares] if shares else []
-    job = run_launch("--nproc", "2", str(MNIST), "--epochs", "1", "--train-url", str(tmp_path), *more, timeout=300)
+@pytest.mark.parametrize("more", [[], ["--shares", "3,1"], ["--compression", "fp16"]])
+def test_mnist_example_learns_in_one_epoch_on_two_processes(tmp_path, more: list[str]) -> None:
+    """With --shares 3,1 rank 0 takes three batches' worth of every step (a faster Mac). With
+    --compression the gradients cross the sockets in fp16 (through shared memory they stay
+    float32, so that case runs without it)."""
+    env = {"MACFLEET_SHM": "0"} if "--compression" in more else None
+    job = run_launch("--nproc", "2", str(MNIST), "--epochs", "1", "--train-url", str(tmp_path), *more, env=env,
+                     timeout=300)
     assert job.code == 0, job.output
     assert "generated digits" in job.stdout  # says which data it used
-    assert f"global batch {64 * (4 if shares else 2)}" in job.stdout
+    assert f"global batch {64 * (4 if '--shares' in more else 2)}" in job.stdout
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["world_size"] == 2
     assert metrics["final_test_accuracy"] >= 0.9

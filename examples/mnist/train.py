@@ -46,6 +46,8 @@ parser.add_argument("--device", default=None, help="auto, mps, cuda or cpu (defa
 parser.add_argument("--checkpoint-every", type=int, default=0, help="also checkpoint every N steps (0: per epoch only)")
 parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --train-url")
 parser.add_argument("--amp", action="store_true", help="bfloat16 autocast (fp32 weights; no GradScaler needed)")
+parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"],
+                    help="gradients cross the network in half precision (half the bytes, for slow links)")
 args = parser.parse_args()
 if args.train_url and int(os.environ.get("RANK", "0")) == 0:  # only rank 0 writes; say so now, not after an epoch
     try:
@@ -120,7 +122,8 @@ class Net(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
-model = macfleet.DataParallel(Net().to(device), shares=shares)  # gradients are averaged over all ranks in backward()
+# gradients are averaged over all ranks in backward()
+model = macfleet.DataParallel(Net().to(device), shares=shares, compression=args.compression)
 optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 use_amp = args.amp and autocast_supported(device)
 if args.amp and not use_amp:
