@@ -82,6 +82,17 @@ def test_a_long_exchange_over_a_slow_link_is_not_a_stall(netns_hosts) -> None:
     assert "received every byte" in job.stdout and "stall" not in job.stderr, job.output
 
 
+def test_the_torch_store_says_nothing_about_hosts_without_dns_names(netns_hosts) -> None:
+    """The agent's torch.distributed store used to log a c10d warning ("The hostname of the
+    client socket cannot be retrieved") whenever a host's address had no reverse DNS name, as on
+    a LAN of Macs: one unprefixed, alarming line on the launcher's terminal in every job."""
+    hosts, server = netns_hosts
+    job = run_launch("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:1", *server.launch_options(),
+                     str(BIN / "last_send.py"), "4096", timeout=60)
+    assert job.code == 0 and "received every byte" in job.stdout, job.output
+    assert "c10d" not in job.stderr and "cannot be retrieved" not in job.stderr, job.stderr
+
+
 def test_the_launcher_suggests_shares_for_macs_of_different_speeds(sshd) -> None:
     """Rank 2, alone on its host, works four times as long per step as ranks 0 and 1: the last
     lines name it and suggest shares in proportion to the speeds measured (about 4:4:1)."""

@@ -286,10 +286,14 @@ class Agent:
         sock = self.store_socket
         assert sock is not None
         addr, port = sock.getsockname()[:2]
+        # torch's store logs a warning for every client whose address has no reverse DNS name
+        # ("The hostname of the client socket cannot be retrieved"), on a LAN of Macs in every
+        # job; what matters (it did not start, it died) we report ourselves.
+        env = {**os.environ, "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
         self.store = subprocess.Popen(
             [self.spec.python, "-m", "macfleet.workers.store", str(sock.fileno()), addr, str(port)],
             pass_fds=(sock.fileno(),), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, env=env,
         )
         sock.close()
         self.store_socket = None
