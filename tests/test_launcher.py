@@ -156,6 +156,15 @@ def test_a_module_runs_as_python_m_runs_it(tmp_path) -> None:
     assert bad.code == 2 and "is not a module name" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_the_terminal_shows_only_rank_lines_and_macfleets_own() -> None:
+    """Every line a user sees is a rank's (prefixed) or the launcher's: the agent's store process
+    used to add torch's import-time warning (no numpy installed) unprefixed, once per job."""
+    job = run_launch("--nproc", "2", BEHAVE, "-1", "none", timeout=60)
+    assert job.code == 0, job.output
+    stray = [line for line in job.stderr.splitlines() if not line.startswith(("[rank ", "macfleet: "))]
+    assert not stray, job.stderr
+
+
 def test_bad_flags_are_usage_errors() -> None:
     for args in (["--nproc", "0", BEHAVE], ["--hosts", "a:x", BEHAVE], ["--device", "tpu", BEHAVE],
                  ["--memory-fraction", "1.5", BEHAVE], ["--python", "/no/python", BEHAVE],

@@ -16,12 +16,16 @@ the agent ended it, or died.
 from __future__ import annotations
 
 import sys
+import warnings
 
 
 def main() -> None:
     if len(sys.argv) != 4:
         sys.exit("usage: python -m macfleet.workers.store FD ADDR PORT")
     fd, addr, port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    # Its stderr is the launcher's terminal, unprefixed: torch's import-time warnings (no numpy
+    # installed, say) would be one line there per job that no rank printed.
+    warnings.simplefilter("ignore")
     from torch.distributed import TCPStore  # only now: the usage error above needs no torch
 
     try:
