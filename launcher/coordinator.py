@@ -305,7 +305,6 @@ class Coordinator:
         if isinstance(waited, (int, float)) and isinstance(ran, (int, float)) and waited >= 0 and ran > 0:
             self.waits[rank] = (float(waited), float(ran))
         step_s, share = msg.get("step_s"), msg.get("share")
-        share = 1.0 / self.world_size if share is None else share  # no shares given: equal parts
         if isinstance(step_s, (int, float)) and isinstance(share, (int, float)) and step_s > 0 and 0 < share <= 1:
             self.speeds[rank] = float(share) / float(step_s)
 

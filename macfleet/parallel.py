@@ -34,7 +34,7 @@ from torch import nn
 
 from macfleet import runtime as rt
 from macfleet.backends import Device, HostEvent
-from macfleet.collectives import WIRE_DTYPES, WORK_DTYPE
+from macfleet.collectives import WIRE_DTYPES, WORK_DTYPE, Collectives
 from macfleet.errors import ConfigError, ProtocolError
 
 
@@ -99,8 +99,9 @@ class DataParallel(nn.Module):
         self._released = 0  # buckets released for averaging in this step: always a prefix, in index order
         self._comm: _CommThread | None = None
         if self.runtime.world_size > 1:
-            if shares is not None and self.runtime.collectives is not None:
-                self.runtime.collectives.step_share = float(shares[self.runtime.rank]) / sum(map(float, shares))
+            assert self.runtime.collectives is not None  # several ranks: there is a ring
+            self._collectives: Collectives = self.runtime.collectives  # for the hooks below
+            self._collectives.step_share = self.scale / self.runtime.world_size  # its part of each step
             with torch.no_grad(), rt.on_behalf_of("DataParallel (start)"):
                 _agree_on_shares(shares, self.runtime.world_size)
                 _broadcast_flat([p for _, p in module.named_parameters()], "parameters")
@@ -253,8 +254,7 @@ class DataParallel(nn.Module):
         device.staged()  # later device work (optimizer.step) sees the averaged gradients
         ended = time.perf_counter()
         self.last_wait_s = ended - started
-        collectives = self.runtime.collectives
-        self._step_ended = (ended, collectives.waited_s) if collectives is not None else None
+        self._step_ended = (ended, self._collectives.waited_s)
         self._restore_sparse()
 
     def _note_work(self, now: float) -> None:
@@ -262,10 +262,9 @@ class DataParallel(nn.Module):
         forward, backward, but not its waits for the others (the buffers' broadcast in forward
         waits for a slower Mac too). Its median says how fast this Mac trains, for the shares
         the launcher suggests."""
-        collectives = self.runtime.collectives
-        if self._step_ended is not None and collectives is not None:
+        if self._step_ended is not None:
             ended, waited = self._step_ended
-            collectives.step_work_s.append((now - ended) - (collectives.waited_s - waited))
+            self._collectives.step_work_s.append((now - ended) - (self._collectives.waited_s - waited))
 
     def _restore_sparse(self) -> None:
         """Gradients that autograd made sparse are sparse again once averaged: an optimizer for

@@ -1,9 +1,10 @@
 """Ranks that run at different speeds: ``pace.py SLOW_RANK MODE STEPS``.
 
-Every rank does 0.1 s of work before each step and rank SLOW_RANK 0.3 s more, as a Mac four times
-slower would, so the others wait for it at every exchange. MODE ``collectives``: a step is one all-reduce
-from the script; ``dp``: a DataParallel training step of a model with several buckets, whose
-exchange runs on the communication thread while the script waits at the end of backward.
+Every rank does 0.1 s of work before each step and rank SLOW_RANK 0.3 s more, as a Mac four
+times slower would, so the others wait for it at every exchange. MODE ``collectives``: a step
+is one all-reduce from the script; ``dp``: a DataParallel training step of a model with several
+buckets, whose exchange runs on the communication thread while the script waits at the end of
+backward.
 Each rank prints how long its loop took, and how long since it joined the job.
 """
 
