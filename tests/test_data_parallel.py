@@ -25,7 +25,9 @@ def reference(case: str) -> dict[str, torch.Tensor]:
     model = dp_cases.make(case)
     opt = dp_cases.make_optimizer(case, model)
     x, y = oracle.make_batch()
-    for _ in range(dp_cases.STEPS):
+    for step in range(dp_cases.STEPS):
+        if dp_cases.change(case, model, step, rank=0):
+            opt = dp_cases.make_optimizer(case, model)
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
@@ -33,7 +35,8 @@ def reference(case: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("case", ["buckets", "single", "order", "no_sync", "unused-allowed", "fp16", "bf16",
-                                  "zero-in-place", "two-models", "two-models-one-bucket", "sparse", "shares"])
+                                  "zero-in-place", "two-models", "two-models-one-bucket", "sparse", "shares",
+                                  "fine-tune", "rewrap"])
 def test_data_parallel_matches_the_whole_batch(tmp_path, case: str) -> None:
     out = tmp_path / "params.pt"
     # compression casts what crosses the network; ranks of one host share float32 memory
@@ -91,6 +94,14 @@ def test_ranks_that_weight_their_gradients_differently_are_stopped() -> None:
     """Rank 1 is given other shares than ranks 0 and 2: every average would be wrong."""
     _, report = failed("shares-differ", nproc=3)
     assert "rank 1" in report and "ConfigError" in report and "differ from rank 0's [1.0, 2.0, 3.0]" in report, report
+
+
+def test_ranks_that_change_their_models_differently_are_stopped() -> None:
+    """Rank 1 alone unfreezes a layer and gives its model a new head: its buckets no longer
+    match the others', which must be an error naming the change, not an average of unlike things."""
+    job, report = failed("fine-tune-differs", nproc=3)
+    assert "rank 1" in report and "DataParallel (parameters changed)" in report, report
+    assert job.seconds < 30
 
 
 def test_shares_that_do_not_fit_the_job_are_refused() -> None:

@@ -15,7 +15,11 @@ longer fit it, which the first forward must say), ``lazy`` (an ``nn.LazyLinear``
 its first forward: no shapes to lay buckets out by, which the wrapping must say), ``uneven``
 (rank 1 has one batch less than the others, and finishes while they wait for its gradients),
 ``shares`` (rank r trains on r + 1 parts of the batch, and says so to DataParallel),
-``shares-differ`` (rank 1 passes DataParallel other shares than the rest).
+``shares-differ`` (rank 1 passes DataParallel other shares than the rest), ``fine-tune`` (the
+first layer starts frozen; at step 3 the script unfreezes it, freezes the middle one and gives
+the model a new head, initialized differently on each rank, with the same DataParallel),
+``rewrap`` (the same, but the script wraps the model again afterwards, as DDP asks),
+``fine-tune-differs`` (only rank 1 makes the change).
 Rank 0 saves its parameters to OUT.
 """
 
@@ -139,7 +143,26 @@ def make(case):
         return SparseEmbedding()
     if case == "lazy":
         return nn.Sequential(nn.LazyLinear(16), nn.Tanh(), nn.Linear(16, 3))
-    return oracle.make_model()
+    model = oracle.make_model()
+    if case.startswith("fine-tune") or case == "rewrap":
+        model[0].requires_grad_(False)
+    return model
+
+
+CHANGE_STEP = 3
+
+
+def change(case, module, step, rank):
+    """What ``fine-tune`` and ``rewrap`` do to the model before ``step``; whether they did anything."""
+    if case not in ("fine-tune", "rewrap", "fine-tune-differs") or step != CHANGE_STEP:
+        return False
+    if case == "fine-tune-differs" and rank != 1:
+        return False
+    module[0].requires_grad_(True)
+    module[2].requires_grad_(False)
+    torch.manual_seed(50 + rank)  # every rank a different head: rank 0's must win
+    module[4] = nn.Linear(16, 3)
+    return True
 
 
 class SparseAndDense:
@@ -187,7 +210,7 @@ def main():
         model = nn.Sequential(g, d)
     else:
         model = macfleet.DataParallel(module, **options)
-        modules = {name.rpartition(".")[0] for name, _ in module.named_parameters()}
+        modules = {name.rpartition(".")[0] for name, p in module.named_parameters() if p.requires_grad}
         assert len(model.buckets) == (1 if single else len(modules)), len(model.buckets)
     if case == "cast-after-wrap":
         model.double()
@@ -200,6 +223,16 @@ def main():
         shard = slice(part * sum(shares[:rank]), part * sum(shares[:rank + 1]))
     xs, ys = x[shard], y[shard]
     for step in range(STEPS - 1 if case == "uneven" and rank == 1 else STEPS):
+        if change(case, module, step, rank):
+            opt = make_optimizer(case, model)  # the new head's parameters
+            if case == "rewrap":
+                old, model = model, macfleet.DataParallel(module, **options)
+                try:
+                    old(xs)
+                except macfleet.ConfigError as exc:
+                    assert "wrapped again" in str(exc), exc
+                else:
+                    raise AssertionError("the replaced DataParallel still trains")
         opt.zero_grad(set_to_none=case != "zero-in-place")
         if case == "no_sync":
             half = len(xs) // 2
