@@ -10,6 +10,30 @@ import subprocess
 import sys
 
 SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's (primary) IPv4 address
+PROBE_TIMEOUT_S = 3.0
+# macOS asks whether an unsigned program such as Python may accept incoming connections; on a
+# Mac nobody sits at (reached over ssh) nobody answers, and the connections are dropped.
+FIREWALL_ADVICE = ("A firewall on that Mac may block incoming connections: allow them for Python (macOS: System "
+                   "Settings > Network > Firewall > Options) or turn it off")
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """(address, port) of a ZeroMQ TCP endpoint such as ``tcp://[fe80::1]:5555``."""
+    address, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    return address.strip("[]"), int(port)
+
+
+def probe(address: str, port: int) -> str:
+    """What one plain TCP connection attempt meets, to tell a silent drop from a refusal."""
+    try:
+        socket.create_connection((address, port), timeout=PROBE_TIMEOUT_S).close()
+    except TimeoutError:
+        return "connection attempts get no answer"
+    except ConnectionRefusedError:
+        return "connections are refused"
+    except OSError as exc:
+        return f"connecting fails ({exc.strerror or exc})"
+    return "the port accepts a plain TCP connection, but no ZeroMQ peer answers on it"
 
 
 def route_source(addr: str) -> str:

@@ -19,11 +19,14 @@ from typing import Any
 
 import zmq
 
-from macfleet import wire
+from macfleet import netaddr, wire
 from macfleet.errors import CollectiveTimeout, JobAborted, PeerLost, ProtocolError, RendezvousError
 
 POLL_SLICE_MS = 100  # how often a blocked wait looks at the abort flag
 HEADER_SLACK = 64 * 1024
+# Every rank has registered when the ring connects, so a connection that is not up in this long
+# will not come up: a firewall drops it, or the address is not reachable from here.
+CONNECT_TIMEOUT_S = 30.0
 
 
 class Liveness:
@@ -80,6 +83,7 @@ class Channel:
         self.id = cid
         self.rank = rank
         self.next_rank = self.prev_rank = self.position = -1  # see place()
+        self.peer_endpoint = ""  # next_rank's, see connect()
         self.secret, self.job_id = secret, job_id
         self.liveness = liveness
         self.timeout_s = timeout_s
@@ -113,7 +117,16 @@ class Channel:
         self.position = i if self.id.clockwise else (n - i) % n
 
     def connect(self, endpoint: str) -> None:
+        self.peer_endpoint = endpoint
         self.push.connect(endpoint)
+
+    def unreachable(self, waited_s: float) -> str:
+        """Why this channel has no connection to ``next_rank``, as a user can act on it."""
+        address, port = netaddr.split_endpoint(self.peer_endpoint)
+        return (f"rank {self.rank} cannot connect to rank {self.next_rank} at {address} port {port} (its data port) "
+                f"for {waited_s:.0f} s: {netaddr.probe(address, port)}. {netaddr.FIREWALL_ADVICE}; otherwise "
+                f"{address} is not reachable from this Mac (`macfleet doctor` checks every link; --data-iface or "
+                f"addr= in a hostfile choose the address to train over)")
 
     def begin(self, op: int) -> None:
         """Start a new collective on this channel: sequence numbers restart per op."""
@@ -245,16 +258,29 @@ class Ring:
                 raise RendezvousError(f"rank {ch.next_rank} published no endpoint for channel {ch.id.name}")
             ch.connect(peer[ch.id.name])
 
-    def handshake(self) -> None:
-        """Exchange one message on every channel, so an unreachable neighbour fails init, not step 1."""
+    def handshake(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        """Exchange one message on every channel, so that an unreachable neighbour fails init
+        within ``timeout_s``, not step 1 after the collective timeout. A rank that cannot
+        connect knows it first and says why; the neighbour it cannot reach, which only sees
+        silence, waits a little longer, so the report's root cause is the one that explains."""
+        deadline = time.monotonic() + timeout_s
         for ch in self.channels:
             ch.begin(-1)
+            # ZMQ_IMMEDIATE: the socket takes a message only once its connection is up
+            while not ch.push.poll(POLL_SLICE_MS, zmq.POLLOUT):
+                self.liveness.check()
+                if time.monotonic() > deadline:
+                    raise RendezvousError(ch.unreachable(timeout_s))
             ch.send(b"hello")
         for ch in self.channels:
-            try:
-                ch.recv_header(5)
-            except CollectiveTimeout as exc:
-                raise RendezvousError(f"ring not connected: {exc}") from None
+            while not ch.pull.poll(POLL_SLICE_MS, zmq.POLLIN):
+                self.liveness.check()
+                if time.monotonic() > deadline + 2 * netaddr.PROBE_TIMEOUT_S:
+                    raise RendezvousError(
+                        f"rank {self.rank}: rank {ch.prev_rank} did not reach this rank's data port "
+                        f"({ch.endpoint}) within {timeout_s:.0f} s; a firewall here may block incoming "
+                        f"connections (see rank {ch.prev_rank}'s error)")
+            ch.recv_header(5)
             ch.recv_frame()
 
     def back(self, ch: Channel) -> Channel:

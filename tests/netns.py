@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 BRIDGE = "mfbr0"
@@ -84,3 +86,39 @@ def destroy(count: int) -> None:
         subprocess.run(["ip", "netns", "del", f"mfh{i}"], capture_output=True)
         subprocess.run(["ip", "link", "del", f"mfv{i}p"], capture_output=True)
     subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+
+
+# While ``firewall(host, "incoming")`` holds, the ports the host's programs get when they bind
+# to any port (macfleet's data ports): 40960-41983, one u32 value/mask pair for tc.
+ANY_PORT_RANGE = "40960 41983"
+ANY_PORT_MATCH = ["match", "ip", "dport", "0xa000", "0xfc00"]
+
+
+@contextmanager
+def firewall(host: NetnsHost, block: str) -> Iterator[None]:
+    """Drop new TCP connections, as a Mac's firewall does for a program nobody allowed to accept
+    them: ``"incoming"``, those to the ports the host binds on request (ssh on its fixed port
+    still answers); ``"launcher"``, those from the host to the bridge's address, where the
+    launcher listens. Only connection requests (SYN without ACK) are dropped. tc's drop action
+    and netem are not in every kernel: the requests go to an HTB class whose queue holds none."""
+    if block == "incoming":
+        prefix, dev, match = [], f"{host.veth}p", ANY_PORT_MATCH  # the bridge's end: what reaches the host
+        saved = subprocess.run([*host.exec_prefix(), "sysctl", "-n", "net.ipv4.ip_local_port_range"],
+                               capture_output=True, text=True, check=True).stdout.split()
+        _ip("netns", "exec", host.name, "sysctl", "-w", f"net.ipv4.ip_local_port_range={ANY_PORT_RANGE}")
+    else:
+        prefix, dev, match, saved = host.exec_prefix(), host.veth, ["match", "ip", "dst", f"{SUBNET}.1/32"], []
+    syn_only = ["match", "u8", "0x02", "0x12", "at", "33"]  # TCP flags of a header after 20 bytes of IP
+    try:
+        for command in (["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20"],
+                        ["class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", "1gbit"],
+                        ["class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate", "10gbit"],
+                        ["qdisc", "add", "dev", dev, "parent", "1:10", "pfifo", "limit", "0"],
+                        ["filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32", *match,
+                         *syn_only, "flowid", "1:10"]):
+            subprocess.run([*prefix, "tc", *command], check=True, capture_output=True)
+        yield
+    finally:
+        subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
+        if saved:
+            _ip("netns", "exec", host.name, "sysctl", "-w", f"net.ipv4.ip_local_port_range={' '.join(saved)}")

@@ -74,6 +74,20 @@ def test_interfaces_are_found_without_iproute2(monkeypatch) -> None:
     assert netaddr.interface_of("203.0.113.254") is None  # TEST-NET-3: held by no interface here
 
 
+def test_a_probe_tells_a_refused_port_from_an_open_one() -> None:
+    """What the messages about unreachable peers say the connection met (a silent drop, "no
+    answer", takes a firewall: test_multihost)."""
+    import socket
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        address, port = netaddr.split_endpoint(f"tcp://127.0.0.1:{listening.getsockname()[1]}")
+        assert "accepts a plain TCP connection" in netaddr.probe(address, port)
+    assert netaddr.probe(address, port) == "connections are refused"  # closed now
+    assert netaddr.split_endpoint("tcp://[fe80::1]:5555") == ("fe80::1", 5555)
+
+
 def test_environment_is_parsed_and_checked() -> None:
     env = WorkerEnv.from_environ({"RANK": "2", "WORLD_SIZE": "4", "MACFLEET_COORDINATOR": "tcp://h:1",
                                   "MACFLEET_MEMORY_FRACTION": "0.25", "MACFLEET_JOB_SECRET": "ab01"})

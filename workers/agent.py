@@ -83,8 +83,7 @@ def data_address(spec: AgentSpec) -> str:
         return netaddr.interface_address(spec.data_iface)
     if spec.data_addr:
         return spec.data_addr
-    host = spec.coordinator.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
-    return netaddr.route_source(host)
+    return netaddr.route_source(netaddr.split_endpoint(spec.coordinator)[0])
 
 
 def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: str, master_port: int,
@@ -168,6 +167,7 @@ class Agent:
         self._stop_started: float | None = None
         self.data_addr = ""
         self.last_heard = time.monotonic()
+        self.heard = False  # anything from the coordinator yet: if not, the launcher was never reachable
         self._next_beat = 0.0
         self.store_socket: socket.socket | None = None  # host 0: bound now, served by the store process
         self.store: subprocess.Popen | None = None
@@ -226,7 +226,7 @@ class Agent:
         msg = self.client.recv(timeout_s)
         now = time.monotonic()
         if msg is not None:
-            self.last_heard = now
+            self.last_heard, self.heard = now, True
             if msg.get("kind") == protocol.ABORT and self.stop_reason is None:
                 self.stop_reason = str(msg.get("reason"))
             elif msg.get("kind") == protocol.STDIN:
@@ -236,9 +236,17 @@ class Agent:
                 self.stop_reason = "launcher gone"
             elif now - self.last_heard > self.spec.heartbeat_timeout_s:
                 self.stop_reason = "launcher gone"  # silent: dead, or the network to it is cut
-                print(f"macfleet agent on {self.spec.host}: no word from the launcher for "
-                      f"{self.spec.heartbeat_timeout_s:.0f} s; stopping this host's ranks", file=sys.stderr, flush=True)
+                print(self._unheard(), file=sys.stderr, flush=True)
         return msg
+
+    def _unheard(self) -> str:
+        waited = f"{self.spec.heartbeat_timeout_s:.0f} s"
+        if self.heard:
+            return f"macfleet agent on {self.spec.host}: no word from the launcher for {waited}; stopping this host's ranks"
+        address, port = netaddr.split_endpoint(self.spec.coordinator)
+        return (f"macfleet agent on {self.spec.host}: cannot reach the launcher at {address} port {port} for {waited}: "
+                f"{netaddr.probe(address, port)}. {netaddr.FIREWALL_ADVICE}; otherwise {address} is not reachable "
+                f"from {self.spec.host}")
 
     def _spawn(self, local_rank: int, master_addr: str, master_port: int) -> None:
         rank = self.spec.rank_base + local_rank
