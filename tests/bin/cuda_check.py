@@ -1,8 +1,8 @@
 """The GPU path on CUDA (standing in for Metal): run under `macfleet launch --device cuda`.
 
 Checks on every rank, printing one line of JSON: collectives on CUDA tensors (exact), the
-DataParallel oracle on CUDA against a CPU run of the whole batch (one model, and two in one
-backward), memory reports and the cache given back, and the memory fraction.
+DataParallel oracle on CUDA against a CPU run of the whole batch (one model, two in one
+backward, and a model fine-tuned with layers unfrozen and a new head after wrapping), memory reports and the cache given back, and the memory fraction.
 """
 
 import gc
@@ -80,6 +80,23 @@ pair = nn.Sequential(g, d)
 train(chain, pair, xs, ys)
 out["oracle_max_diff_two_models"] = max_diff(chain, chain_ref)
 del pair, g, d
+gc.collect()
+# fine-tuning: a layer unfrozen, another frozen and a new head given after wrapping; the
+# buckets and their host staging buffers are laid out again at the next forward
+tuned_ref = dp_cases.make("fine-tune")
+tuned = dp_cases.make("fine-tune").to(dev)
+for module, run, inputs, targets, r in ((tuned_ref, tuned_ref, x, y, 0),
+                                        (tuned, macfleet.DataParallel(tuned, **tiny), xs, ys, rank)):
+    opt = oracle.make_optimizer(module)
+    for step in range(6):
+        if dp_cases.change("fine-tune", module, step, r):
+            module.to(inputs.device)  # the new head
+            opt = oracle.make_optimizer(module)
+        opt.zero_grad()
+        nn.functional.cross_entropy(run(inputs), targets).backward()
+        opt.step()
+out["oracle_max_diff_fine_tune"] = max_diff(tuned, tuned_ref)
+del run
 gc.collect()
 # memory as macfleet reports it, and the cache given back (what the example does once an epoch)
 before = macfleet.memory()
