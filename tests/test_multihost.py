@@ -93,20 +93,26 @@ def test_the_torch_store_says_nothing_about_hosts_without_dns_names(netns_hosts)
     assert "c10d" not in job.stderr and "cannot be retrieved" not in job.stderr, job.stderr
 
 
+def blocked(netns_hosts, block: str) -> tuple[Job, str]:
+    """A two-host job while the second host's firewall blocks ``block`` (``netns.firewall``):
+    the job, and its report from the root cause on."""
+    import netns
+
+    hosts, server = netns_hosts
+    with netns.firewall(hosts[1], block):
+        job = run_launch("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:1", *server.launch_options(),
+                         str(BIN / "last_send.py"), "4096", timeout=120)
+    assert job.code != 0
+    return job, job.stderr[job.stderr.index("root cause"):]
+
+
 def test_a_firewall_on_a_rank_s_host_is_named_in_seconds(netns_hosts) -> None:
     """The second host drops connections to its data ports, as macOS's firewall does for a
     Python nobody allowed to accept them (on a Mac reached over ssh, nobody can). The ring
     never connects: the job used to wait the 600 s collective timeout and then ask whether
     rank 1 was "stuck or behind"; now the rank that cannot connect says so, and what to do."""
-    import netns
-
-    hosts, server = netns_hosts
-    with netns.firewall(hosts[1], "incoming"):
-        job = run_launch("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:1", *server.launch_options(),
-                         str(BIN / "last_send.py"), "4096", timeout=120)
-    assert job.code != 0
-    report = job.stderr[job.stderr.index("root cause"):]
-    assert f"rank 0 cannot connect to rank 1 at {hosts[1].addr}" in report, report
+    job, report = blocked(netns_hosts, "incoming")
+    assert f"rank 0 cannot connect to rank 1 at {netns_hosts[0][1].addr}" in report, report
     assert "no answer" in report and "Firewall" in report, report
     assert job.seconds < 60
 
@@ -114,15 +120,8 @@ def test_a_firewall_on_a_rank_s_host_is_named_in_seconds(netns_hosts) -> None:
 def test_a_firewall_on_the_launcher_s_mac_is_named(netns_hosts) -> None:
     """The other side of it: the second host cannot connect to the launcher. Its agent used to
     say only "no word from the launcher"."""
-    import netns
-
-    hosts, server = netns_hosts
-    with netns.firewall(hosts[1], "launcher"):
-        job = run_launch("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:1", *server.launch_options(),
-                         str(BIN / "last_send.py"), "4096", timeout=120)
-    assert job.code != 0
-    report = job.stderr[job.stderr.index("root cause"):]
-    assert f"agent on {hosts[1].addr}: cannot reach the launcher" in report, report
+    job, report = blocked(netns_hosts, "launcher")
+    assert f"agent on {netns_hosts[0][1].addr}: cannot reach the launcher" in report, report
     assert "no answer" in report and "Firewall" in report, report
     assert job.seconds < 30
 
