@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import zmq
 
-from macfleet import protocol, wire
+from macfleet import netaddr, protocol, wire
 from macfleet.protocol import WorkerExit
 
 
@@ -54,8 +54,10 @@ class Coordinator:
         self.socket.setsockopt(zmq.MAXMSGSIZE, protocol.CONTROL_MAX_BYTES)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.endpoints: dict[str, str] = {}
+        for addr in bind_addrs:  # before any bind: it applies to the socket's later binds
+            netaddr.allow_ipv6(self.socket, addr)
         for addr in bind_addrs:  # only the addresses that route to the job's hosts
-            self.socket.bind(f"tcp://{addr}:*")
+            self.socket.bind(f"tcp://{netaddr.bracket(addr)}:*")
             self.endpoints[addr] = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.peers: dict[str, Peer] = {}  # "agent-3", "rank-7"
         self.hellos: dict[int, dict[str, Any]] = {}
@@ -82,8 +84,8 @@ class Coordinator:
         """The endpoint an agent that reaches us through ``addr`` connects to."""
         if addr in self.endpoints:
             return self.endpoints[addr]
-        port = next(iter(self.endpoints.values())).rsplit(":", 1)[1]
-        return f"tcp://{addr or '127.0.0.1'}:{port}"
+        port = netaddr.split_endpoint(next(iter(self.endpoints.values())))[1]
+        return f"tcp://{netaddr.bracket(addr or '127.0.0.1')}:{port}"
 
     # -- the loop ---------------------------------------------------------------------------
     def poll(self, timeout_s: float) -> None:
@@ -260,8 +262,8 @@ class Coordinator:
     def ring_table(self) -> str:
         lines = [f"ring of {self.world_size} ranks:", f"  {'rank':>4}  {'host':<24} {'data address':<16} device"]
         for rank in range(self.world_size):
-            endpoint = next(iter(self.registered.get(rank, {}).values()), "?")
-            addr = endpoint.removeprefix("tcp://").rsplit(":", 1)[0]
+            endpoint = next(iter(self.registered.get(rank, {}).values()), None)
+            addr = netaddr.split_endpoint(endpoint)[0] if endpoint else "?"
             lines.append(f"  {rank:>4}  {self.hosts.get(rank, '?'):<24} {addr:<16} {self.devices.get(rank, '?')}")
         return "\n".join(lines)
 

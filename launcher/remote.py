@@ -54,6 +54,10 @@ def resolve(host: Host, ssh: SshOptions) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         pass
     try:
-        return socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0]
-    except (OSError, IndexError):
+        found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except OSError:
         return None
+    # IPv4 first where a name has both: a Mac's name.local often resolves to an IPv6 link-local
+    # address first, whose scope (%en0) names an interface of this Mac, not of the others.
+    ipv4 = [info for info in found if info[0] == socket.AF_INET]
+    return (ipv4 or found)[0][4][0] if found else None

@@ -11,7 +11,7 @@ from typing import Any
 
 import zmq
 
-from macfleet import protocol, wire
+from macfleet import netaddr, protocol, wire
 
 
 class ControlClient:
@@ -28,6 +28,7 @@ class ControlClient:
         self.socket.setsockopt(zmq.SNDHWM, 10000)
         self.socket.setsockopt(zmq.RECONNECT_IVL, 100)
         self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        netaddr.allow_ipv6(self.socket, endpoint)
         self.socket.connect(endpoint)
 
     def send(self, kind: str, **fields: Any) -> None:

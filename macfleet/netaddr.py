@@ -9,12 +9,27 @@ import struct
 import subprocess
 import sys
 
+import zmq
+
 SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's (primary) IPv4 address
 PROBE_TIMEOUT_S = 3.0
 # macOS asks whether an unsigned program such as Python may accept incoming connections; on a
 # Mac nobody sits at (reached over ssh) nobody answers, and the connections are dropped.
 FIREWALL_ADVICE = ("A firewall on that Mac may block incoming connections: allow them for Python (macOS: System "
                    "Settings > Network > Firewall > Options) or turn it off")
+
+
+def allow_ipv6(sock: zmq.Socket, address: str) -> None:
+    """Let ``sock`` bind or connect to ``address`` (or an endpoint) if it is IPv6: libzmq's
+    sockets are IPv4-only unless told. Only then, since a socket told so binds an IPv4 address
+    as an IPv4-mapped IPv6 one (``::ffff:10.0.0.2``)."""
+    if ":" in address.removeprefix("tcp://").rpartition(":")[0]:
+        sock.setsockopt(zmq.IPV6, 1)
+
+
+def bracket(addr: str) -> str:
+    """An address as it goes into an endpoint: IPv6 ones in brackets (``tcp://[fd00::2]:5555``)."""
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:

@@ -102,7 +102,8 @@ class Channel:
         self.pull.setsockopt(zmq.MAXMSGSIZE, max_frame + HEADER_SLACK)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.setsockopt(zmq.RCVHWM, 0)  # bounded by the schedule; never drop a legit frame
-        self.pull.bind(f"tcp://{_bracket(data_addr)}:*")
+        netaddr.allow_ipv6(self.pull, data_addr)
+        self.pull.bind(f"tcp://{netaddr.bracket(data_addr)}:*")
         self.endpoint: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
         self.push.setsockopt(zmq.LINGER, 0)
         self.push.setsockopt(zmq.SNDHWM, 0)
@@ -118,6 +119,7 @@ class Channel:
 
     def connect(self, endpoint: str) -> None:
         self.peer_endpoint = endpoint
+        netaddr.allow_ipv6(self.push, endpoint)
         self.push.connect(endpoint)
 
     def unreachable(self, waited_s: float) -> str:
@@ -313,7 +315,3 @@ class Ring:
     def close(self, flush: bool = False) -> None:
         for ch in self.channels:
             ch.close(flush)
-
-
-def _bracket(addr: str) -> str:
-    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr

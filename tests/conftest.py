@@ -116,7 +116,8 @@ def netns_hosts(tmp_path_factory):
     try:
         port = helper.free_port()
         for host in hosts:
-            servers.append(helper.start_sshd(directory, [host.addr], port=port, prefix=host.exec_prefix()))
+            addresses = [host.addr] + ([host.addr6] if host.addr6 else [])
+            servers.append(helper.start_sshd(directory, addresses, port=port, prefix=host.exec_prefix()))
         yield hosts, servers[0]
     finally:
         for server in servers:

@@ -1,9 +1,11 @@
 """Hosts in network namespaces, joined by veth links to a bridge: the closest thing to separate
 Macs on one machine. Needs root and `ip`; every name and address is ours and removed after.
 
-    root namespace: bridge mfbr0 at 10.77.0.1/24
-    namespace mfh1: 10.77.0.2 (veth mfv1 <-> mfv1p on the bridge)
-    namespace mfh2: 10.77.0.3 ...
+    root namespace: bridge mfbr0 at 10.77.0.1/24 and fd77::1/64
+    namespace mfh1: 10.77.0.2 and fd77::2 (veth mfv1 <-> mfv1p on the bridge)
+    namespace mfh2: 10.77.0.3 and fd77::3 ...
+
+(The IPv6 addresses only where the kernel has IPv6: ``NetnsHost.addr6`` is None elsewhere.)
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 BRIDGE = "mfbr0"
 SUBNET = "10.77.0"
+SUBNET6 = "fd77:"  # a unique local prefix: fd77::1 the bridge, fd77::2 the first host...
 
 
 @dataclass
@@ -24,6 +27,7 @@ class NetnsHost:
     name: str
     addr: str
     veth: str  # its end of the link, inside the namespace
+    addr6: str | None = None
 
     def exec_prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.name]
@@ -46,6 +50,9 @@ def create(count: int) -> list[NetnsHost]:
     _ip("link", "add", BRIDGE, "type", "bridge")
     _ip("addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
     _ip("link", "set", BRIDGE, "up")
+    # nodad: usable at once, not after duplicate address detection
+    ipv6 = subprocess.run(["ip", "-6", "addr", "add", f"{SUBNET6}:1/64", "dev", BRIDGE, "nodad"],
+                          capture_output=True).returncode == 0
     hosts = []
     for i in range(1, count + 1):
         host = NetnsHost(f"mfh{i}", f"{SUBNET}.{i + 1}", f"mfv{i}")
@@ -57,6 +64,9 @@ def create(count: int) -> list[NetnsHost]:
         _ip("netns", "exec", host.name, "ip", "addr", "add", f"{host.addr}/24", "dev", host.veth)
         _ip("netns", "exec", host.name, "ip", "link", "set", host.veth, "up")
         _ip("netns", "exec", host.name, "ip", "link", "set", "lo", "up")
+        if ipv6:
+            host.addr6 = f"{SUBNET6}:{i + 1}"
+            _ip("netns", "exec", host.name, "ip", "-6", "addr", "add", f"{host.addr6}/64", "dev", host.veth, "nodad")
         hosts.append(host)
     return hosts
 

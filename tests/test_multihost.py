@@ -93,6 +93,21 @@ def test_the_torch_store_says_nothing_about_hosts_without_dns_names(netns_hosts)
     assert "c10d" not in job.stderr and "cannot be retrieved" not in job.stderr, job.stderr
 
 
+def test_hosts_named_by_ipv6_addresses(netns_hosts) -> None:
+    """A host list of IPv6 addresses (or names that resolve only to them): the coordinator's
+    bind used to fail with ZeroMQ's "No such device", as a launcher traceback, for its sockets
+    were IPv4-only and its endpoints unbracketed."""
+    hosts, server = netns_hosts
+    if hosts[0].addr6 is None:
+        pytest.skip("no IPv6 in this kernel")
+    job = run_launch("--hosts", ",".join(f"[{h.addr6}]:1" for h in hosts), *server.launch_options(),
+                     str(BIN / "last_send.py"), str(1 << 20), timeout=60)
+    assert job.code == 0, job.output
+    assert "received every byte" in job.stdout, job.output
+    ring = job.stderr[job.stderr.index("ring of 2 ranks"):].splitlines()[2:4]
+    assert [line.split()[2] for line in ring] == [h.addr6 for h in hosts], ring  # the data goes over IPv6
+
+
 def blocked(netns_hosts, block: str) -> tuple[Job, str]:
     """A two-host job while the second host's firewall blocks ``block`` (``netns.firewall``):
     the job, and its report from the root cause on."""
