@@ -16,7 +16,7 @@ import click
 from macfleet.env import DEVICES
 from macfleet.launcher.hosts import Host, parse_hostfile, parse_hosts
 from macfleet.launcher.launch import LaunchConfig, run_with_restarts
-from macfleet.launcher.remote import SshOptions
+from macfleet.launcher.remote import SshOptions, find_this_machine
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MACFLEET"})
@@ -67,17 +67,18 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
             host_list = [Host("localhost", nproc or 1)]
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--hostfile" if hostfile else "--hosts") from None
+    for option in ssh_options:
+        if "=" not in option:
+            raise click.BadParameter(f"{option!r} is not KEY=VALUE", param_hint="--ssh-option")
+    ssh = SshOptions(port=ssh_port, identity=ssh_identity, options=list(ssh_options),
+                     connect_timeout_s=ssh_connect_timeout)
+    host_list = find_this_machine(host_list, ssh)
     env: dict[str, str] = {}
     for pair in env_pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.isidentifier():
             raise click.BadParameter(f"{pair!r} is not K=V", param_hint="--env")
         env[key] = value
-    for option in ssh_options:
-        if "=" not in option:
-            raise click.BadParameter(f"{option!r} is not KEY=VALUE", param_hint="--ssh-option")
-    ssh = SshOptions(port=ssh_port, identity=ssh_identity, options=list(ssh_options),
-                     connect_timeout_s=ssh_connect_timeout)
     cwd = os.path.abspath(cwd or os.getcwd())
     if any(h.is_local for h in host_list):  # remote hosts' agents report their own
         if not os.path.isdir(cwd):

@@ -25,10 +25,12 @@ class Host:
     slots: int         # training processes on this host
     user: str | None = None
     addr: str | None = None  # data-plane address, when the ssh name is not the one to train over
+    here: bool = False  # the name is this machine's (see remote.is_this_machine)
 
     @property
     def is_local(self) -> bool:
-        return self.name in LOCAL_NAMES and self.user is None
+        """Started here, without ssh."""
+        return (self.here or self.name in LOCAL_NAMES) and self.user is None
 
     @property
     def ssh_target(self) -> str:

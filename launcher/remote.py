@@ -7,11 +7,13 @@ Everything that crosses ssh is shell-quoted; the job secret goes over stdin, nev
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 import socket
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from macfleet import netaddr
 from macfleet.launcher.hosts import Host
 
 
@@ -35,10 +37,28 @@ class SshOptions:
         return cmd
 
 
+def find_this_machine(hosts: list[Host], ssh: SshOptions) -> list[Host]:
+    """``hosts``, with the ones that name this machine marked to start here."""
+    return [replace(h, here=True) if is_this_machine(h, ssh) else h for h in hosts]
+
+
 def ssh_command(host: Host, ssh: SshOptions, cwd: str, command: list[str]) -> list[str]:
     """``ssh ... host 'cd CWD && exec COMMAND'`` with every word quoted for the remote shell."""
     remote = f"cd {shlex.quote(cwd)} && exec {shlex.join(command)}"
     return [*ssh.base(), host.ssh_target, remote]
+
+
+def is_this_machine(host: Host, ssh: SshOptions) -> bool:
+    """Whether ``host`` names the machine we run on, as a hostfile that lists every Mac of a
+    cluster does for the launching one: its agent then starts here, not over ssh to ourselves,
+    which would need Remote Login switched on and our own key authorized on this Mac.
+    Loopback addresses are left to ssh (127.0.0.2 stands for another Mac in the tests)."""
+    if host.is_local or host.user is not None:
+        return False
+    ip = resolve(host, ssh)
+    if ip is None or ipaddress.ip_address(ip.partition("%")[0]).is_loopback:
+        return False
+    return netaddr.interface_of(ip) is not None
 
 
 def resolve(host: Host, ssh: SshOptions) -> str | None:

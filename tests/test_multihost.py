@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import BIN, MNIST, Job, job_processes, kill_group, launch_command, run_launch
@@ -200,6 +201,21 @@ def test_a_remote_hosts_missing_python_or_directory_is_named_as_the_root_cause(s
         assert job.code == 1, job.output
         root = job.stderr[job.stderr.index("root cause"):].splitlines()[1]
         assert wanted in root, root
+
+
+def test_the_launching_machine_in_the_host_list_starts_without_ssh(sshd) -> None:
+    """A hostfile lists every Mac of the cluster, the launching one too. Its agent used to be
+    started over ssh to itself, which needs Remote Login and our own key on the Mac launching
+    (a MacBook seldom has them): "cannot reach ... over ssh". No sshd listens on this
+    machine's own address here, so only a start without ssh can work."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True)
+    ours = [line.split()[3].split("/")[0] for line in out.stdout.splitlines()]
+    if not ours:
+        pytest.skip("no non-loopback IPv4 address on this machine")
+    job = run_launch("--hosts", f"{ours[0]}:1,127.0.0.2:1", *sshd.launch_options(), str(BIN / "last_send.py"),
+                     "4096", timeout=60)
+    assert job.code == 0, job.output
+    assert "[rank 1 127.0.0.2] received every byte" in job.stdout, job.output
 
 
 def test_an_unreachable_host_is_reported_within_the_connect_timeout(sshd) -> None:
