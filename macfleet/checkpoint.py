@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,12 +76,15 @@ def atomic_save(state: dict[str, Any], path: str) -> None:
 
 
 def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, sampler: Any = None) -> Checkpoint:
-    """Collective: restore what ``save`` wrote; raise ``ConfigError`` (one line) if it does not fit."""
+    """Collective: restore what ``save`` wrote; raise ``ConfigError`` (one line) if it does not fit.
+
+    A checkpoint of a job with another number of ranks (a Mac gone, or one added) loads too:
+    model, optimizer, step, epoch and the sampler's place in the epoch resume, but each rank's
+    random generators keep this job's seeds, so the run is no longer bit-identical to one that
+    was never interrupted (rank 0 says so)."""
     with rt.on_behalf_of("checkpoint.load"):
         state = _read_on_rank0_and_broadcast(path)
-    if state.get("world_size") != rt.world_size():
-        raise ConfigError(f"{path} was written by a job of {state.get('world_size')} ranks; this job has "
-                          f"{rt.world_size()} (the RNG state of each rank cannot be matched)")
+    saved_world = state.get("world_size")
     _load_model(path, _unwrap(model), state["model"])
     if optimizer is not None:
         if state.get("optimizer") is None:
@@ -91,7 +95,13 @@ def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
             raise ConfigError(f"{path}: optimizer state does not fit this optimizer ({exc})") from None
     if sampler is not None and state.get("sampler") is not None:
         sampler.load_state_dict(state["sampler"])
-    _restore_rng(state["rng"][rt.rank()])
+    if saved_world == rt.world_size():
+        _restore_rng(state["rng"][rt.rank()])
+    elif rt.rank() == 0:
+        print(f"macfleet: {path} was written by a job of {saved_world} ranks and this one has {rt.world_size()}: "
+              f"model, optimizer, step, epoch and the sampler's place resume; each rank's random generators "
+              f"start from this job's seeds, so the run is not bit-identical to an uninterrupted one",
+              file=sys.stderr, flush=True)
     return Checkpoint(step=int(state["step"]), epoch=int(state["epoch"]), extra=dict(state.get("extra") or {}))
 
 

@@ -84,8 +84,19 @@ class DistributedSampler(Sampler[int]):
         self.epoch, self.start = epoch, start
 
     def state_dict(self, consumed: int = 0) -> dict[str, Any]:
-        return {"epoch": self.epoch, "start": self.start + consumed, "seed": self.seed}
+        """Where this rank is in the epoch; with the layout of a round (``parts`` indices, this
+        rank's ``places`` of them), so a job of another size can find the same place."""
+        return {"epoch": self.epoch, "start": self.start + consumed, "seed": self.seed,
+                "parts": self.parts, "places": len(self.mine)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume where ``state`` left off. Saved by a job of another size (or other shares),
+        the place is converted: the rounds it had consumed are so many indices of the epoch's
+        permutation, and this sampler skips as many of its own rounds as they fill (rounded
+        down: at most a round's worth of samples is seen twice, none is skipped)."""
         self.epoch, self.start, self.seed = int(state["epoch"]), int(state["start"]), int(state["seed"])
+        parts, places = int(state.get("parts", self.parts)), int(state.get("places", len(self.mine)))
+        if (parts, places) != (self.parts, len(self.mine)):
+            rounds = min((self.start // places) * parts // self.parts, self.rounds)  # a whole epoch: its end
+            self.start = rounds * len(self.mine)
         self._resume = (self.epoch, self.start)

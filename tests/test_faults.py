@@ -7,6 +7,7 @@ target is 15 s; tests that wait on heartbeats use a shorter --heartbeat-timeout.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -208,6 +209,27 @@ def test_a_bad_checkpoint_is_a_one_line_error(tmp_path) -> None:
         macfleet.checkpoint.load(str(foreign), nn.Linear(4, 2))
     with pytest.raises(macfleet.ConfigError, match="cannot read checkpoint .*missing.pt: No such file"):
         macfleet.checkpoint.load(str(tmp_path / "missing.pt"), nn.Linear(4, 2))
+
+
+@pytest.mark.parametrize("before, after", [(3, 2), (2, 3)])
+def test_a_checkpoint_resumes_in_a_job_of_another_size(tmp_path, before: int, after: int) -> None:
+    """A Mac of the cluster is gone (or one more is there): the job restarts on fewer (more)
+    ranks from the last checkpoint. That was a ConfigError ("written by a job of 3 ranks");
+    DDP users reload their state_dicts on any number of ranks. Now model, optimizer, step,
+    epoch and the place in the epoch resume, and rank 0 says the run is no longer exact."""
+    from conftest import BIN, run_launch
+
+    path = str(tmp_path / "checkpoint.pt")
+    saved = run_launch("--nproc", str(before), str(BIN / "reshard.py"), "save", path)
+    assert saved.code == 0, saved.output
+    job = run_launch("--nproc", str(after), str(BIN / "reshard.py"), "load", path)
+    assert job.code == 0, job.output
+    rows = [json.loads(line.split("] ", 1)[1]) for line in job.stdout.splitlines() if '"rank"' in line]
+    assert len(rows) == after and all(r["step"] == 7 and r["epoch"] == 2 and r["params"] and r["momentum"]
+                                       for r in rows), rows
+    consumed = 7 * before  # the 7 samples every old rank had taken, of 120
+    assert all(120 - consumed <= r["left"] * after < 120 - consumed + after for r in rows), rows  # none skipped
+    assert f"written by a job of {before} ranks and this one has {after}" in job.stderr, job.stderr
 
 
 def test_a_killed_and_restarted_run_ends_like_an_uninterrupted_one(tmp_path) -> None:

@@ -196,6 +196,32 @@ def test_epochs_reshuffle_and_resume_mid_epoch() -> None:
     assert list(resumed) == list(s)
 
 
+@given(st.integers(1, 300), st.lists(st.integers(1, 3), min_size=1, max_size=6),
+       st.lists(st.integers(1, 3), min_size=1, max_size=6), st.integers(0, 40))
+def test_a_place_in_the_epoch_carries_over_to_a_job_of_another_size(n: int, before: list[int], after: list[int],
+                                                                      rounds: int) -> None:
+    """The ranks of a job with ``before`` shares consume ``rounds`` rounds and save; a job with
+    ``after`` shares resumes: together they see every sample, and repeat less than a round."""
+    def samplers(shares: list[int]) -> list[DistributedSampler]:
+        made = [DistributedSampler(n, num_replicas=len(shares), rank=r, seed=9, shares=shares) for r in range(len(shares))]
+        for s in made:
+            s.set_epoch(4)
+        return made
+
+    old = samplers(before)
+    rounds = min(rounds, old[0].rounds)
+    seen = [i for s in old for i in list(s)[:rounds * len(s.mine)]]
+    state = old[0].state_dict(consumed=rounds * before[0])  # rank 0's, as checkpoint.save keeps
+    rest = []
+    for s in samplers(after):
+        s.load_state_dict(state)
+        s.set_epoch(4)
+        rest += list(s)
+    padding = old[0].rounds * sum(before) - n  # the old job's repeats, to fill its last round
+    assert set(seen) | set(rest) == set(range(n))
+    assert len(seen) + len(rest) - n < padding + 2 * sum(after)  # the new one's, and one round at most
+
+
 # -- device rules -----------------------------------------------------------------------------
 # -- rank output, cut as it arrives ---------------------------------------------------------------
 @given(data=st.lists(st.sampled_from([b"a", b"bc", b"\n", b"\r", b"\r\n", b"50%|##"]), max_size=30).map(b"".join),

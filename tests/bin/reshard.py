@@ -1,0 +1,47 @@
+"""``reshard.py save|load PATH``: a checkpoint written by a job of one size, loaded by another.
+
+``save``: the model (seeded 1), an SGD step taken, and the sampler 7 samples into epoch 2 of
+120. ``load``: a model seeded otherwise loads it; every rank prints one JSON line with what
+it resumed: step, epoch, its sampler's first index and remaining length, and whether the
+parameters are the saved ones.
+"""
+
+import json
+import sys
+
+import torch
+from torch import nn
+
+import macfleet
+
+
+def make(seed):
+    torch.manual_seed(seed)
+    return nn.Linear(6, 3)
+
+
+mode, path = sys.argv[1], sys.argv[2]
+macfleet.init()
+sampler = macfleet.DistributedSampler(120, shuffle=True, seed=5)
+if mode == "save":
+    model = make(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(2, 6)).sum().backward()
+    opt.step()
+    sampler.set_epoch(2)
+    macfleet.checkpoint.save(path, model, opt, step=7, epoch=2, sampler=sampler, sampler_consumed=7)
+else:
+    model = make(2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    resumed = macfleet.checkpoint.load(path, model, opt, sampler)
+    sampler.set_epoch(resumed.epoch)
+    saved = make(1)
+    torch.optim.SGD(saved.parameters(), lr=0.1, momentum=0.9)
+    saved(torch.ones(2, 6)).sum().backward()
+    with torch.no_grad():
+        for p in saved.parameters():
+            p -= 0.1 * p.grad
+    same = all(torch.allclose(a, b) for a, b in zip(model.parameters(), saved.parameters()))
+    print(json.dumps({"rank": macfleet.rank(), "step": resumed.step, "epoch": resumed.epoch, "left": len(sampler),
+                      "params": same, "momentum": bool(opt.state)}), flush=True)
+macfleet.shutdown()
