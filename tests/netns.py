@@ -66,6 +66,8 @@ def create(count: int) -> list[NetnsHost]:
         _ip("netns", "exec", host.name, "ip", "link", "set", "lo", "up")
         if ipv6:
             host.addr6 = f"{SUBNET6}:{i + 1}"
+            # kept while set_link cuts the link: the kernel drops IPv6 addresses of a link that goes down
+            _ip("netns", "exec", host.name, "sysctl", "-w", f"net.ipv6.conf.{host.veth}.keep_addr_on_down=1")
             _ip("netns", "exec", host.name, "ip", "-6", "addr", "add", f"{host.addr6}/64", "dev", host.veth, "nodad")
         hosts.append(host)
     return hosts
