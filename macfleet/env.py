@@ -49,7 +49,8 @@ this size a collective's host arithmetic runs on its own thread, not on torch's 
 ring over sockets compares the pieces it adds), ``MACFLEET_ZERO_COPY_BYTES`` (a ring over
 sockets sends pieces at least this large without copying them),
 ``MACFLEET_TIMEOUT`` (seconds a
-collective may make no progress), ``MACFLEET_RENDEZVOUS_TIMEOUT``.
+collective may make no progress), ``MACFLEET_RENDEZVOUS_TIMEOUT``, ``MACFLEET_CONNECT_TIMEOUT``
+(seconds the ring's connections may take to come up once every rank has joined; default 30).
 
 A script run with plain ``python train.py`` has none of these and gets world size 1.
 """

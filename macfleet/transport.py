@@ -12,6 +12,7 @@ anything else is drained, counted in ``dropped`` and ignored.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ POLL_SLICE_MS = 100  # how often a blocked wait looks at the abort flag
 HEADER_SLACK = 64 * 1024
 # Every rank has registered when the ring connects, so a connection that is not up in this long
 # will not come up: a firewall drops it, or the address is not reachable from here.
-CONNECT_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = float(os.environ.get("MACFLEET_CONNECT_TIMEOUT", "30"))
 
 
 class Liveness:
