@@ -33,8 +33,8 @@ def test_mnist_across_hosts_matches_the_single_host_run(sshd, tmp_path) -> None:
     single = run_launch("--nproc", "4", *same, *MNIST_ARGS, "--train-url", str(tmp_path / "one"), env=ring,
                         timeout=300)
     assert single.code == 0, single.output
-    runs = [("127.0.0.2:2,127.0.0.3:2", ring, 1e-6), ("127.0.0.2:1,127.0.0.3:3", ring, 1e-6),
-            ("127.0.0.2:2,127.0.0.3:2", {}, 2e-3)]
+    # the single-host run is a layout too: against it, uneven slots on the ring, and the default path
+    runs = [("127.0.0.2:1,127.0.0.3:3", ring, 1e-6), ("127.0.0.2:2,127.0.0.3:2", {}, 2e-3)]
     for layout, env, tolerance in runs:
         out = tmp_path / (layout.replace(":", "_").replace(",", "-") + ("-ring" if env else "-shm"))
         job = run_launch("--hosts", layout, *sshd.launch_options(), *same, *MNIST_ARGS, "--train-url", str(out),
@@ -117,7 +117,8 @@ def blocked(netns_hosts, block: str) -> tuple[Job, str]:
     hosts, server = netns_hosts
     with netns.firewall(hosts[1], block):
         job = run_launch("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:1", *server.launch_options(),
-                         "--env", "MACFLEET_CONNECT_TIMEOUT=5", str(BIN / "last_send.py"), "4096", timeout=120)
+                         "--env", "MACFLEET_CONNECT_TIMEOUT=5", "--heartbeat-timeout", "3", str(BIN / "last_send.py"),
+                         "4096", timeout=120)
     assert job.code != 0
     return job, job.stderr[job.stderr.index("root cause"):]
 
@@ -138,8 +139,8 @@ def test_a_firewall_on_the_launcher_s_mac_is_named(netns_hosts) -> None:
     say only "no word from the launcher"."""
     job, report = blocked(netns_hosts, "launcher")
     assert f"agent on {netns_hosts[0][1].addr}: cannot reach the launcher" in report, report
-    assert "no answer" in report and "Firewall" in report, report
-    assert job.seconds < 30
+    assert "for 3 s: connection attempts get no answer" in report and "Firewall" in report, report
+    assert job.seconds < 20
 
 
 def test_the_launcher_suggests_shares_for_macs_of_different_speeds(sshd) -> None:
