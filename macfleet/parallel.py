@@ -129,8 +129,7 @@ class DataParallel(nn.Module):
         self._known_buffers = list(self.module.buffers())
         named = [(n, p) for n, p in self._known_params if p.requires_grad]
         _check_trainable(named, self.runtime.device)
-        for handle in self._hooks:
-            handle.remove()
+        self._unhook()
         for bucket in self.buckets:  # gradients leave the old buckets' memory, as they are
             for k, p in enumerate(bucket.params):
                 if p.grad is not None and p.grad.data_ptr() == bucket.view(k).data_ptr():
@@ -158,10 +157,13 @@ class DataParallel(nn.Module):
     def _retire(self, successor: DataParallel) -> None:
         """A newer DataParallel wraps these parameters (a script wrapped the model again after
         unfreezing layers, as DDP asks): only one may average their gradients."""
+        self._unhook()
+        self._replaced_by = type(successor.module).__name__
+
+    def _unhook(self) -> None:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
-        self._replaced_by = type(successor.module).__name__
 
     def _build_buckets(self, groups: list[list[tuple[str, nn.Parameter]]]) -> None:
         for index, group in enumerate(groups):
