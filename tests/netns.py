@@ -103,6 +103,7 @@ def destroy(count: int) -> None:
 # While ``firewall(host, "incoming")`` holds, the ports the host's programs get when they bind
 # to any port (macfleet's data ports): 40960-41983, one u32 value/mask pair for tc.
 ANY_PORT_RANGE = "40960 41983"
+ANY_PORTS = range(40960, 41984)  # a fixed port (the hosts' sshd) must lie outside
 ANY_PORT_MATCH = ["match", "ip", "dport", "0xa000", "0xfc00"]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -117,7 +118,8 @@ def test_a_rank_that_never_joins_is_named_without_waiting_for_the_rendezvous_tim
     assert job.code != 0 and "finished" not in job.stdout, job.output
     root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
     assert "rank 1 (localhost) exited (code 0) without joining the job" in root, root
-    assert "ranks 0, 2 called macfleet.init()" in root, root
+    # it is named as soon as it exits: the others that had joined by then (both, or the faster)
+    assert re.search(r"while (ranks 0, 2|rank 0|rank 2) called macfleet.init\(\)", root), root
     assert job.seconds < 20
 
 
