@@ -31,7 +31,7 @@ import weakref
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -194,25 +194,28 @@ class DataParallel(nn.Module):
     # -- training-time behaviour --------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.training:
-            if self._queued:
-                # Autograd drops the end-of-backward callback when backward raises: this rank released
-                # some buckets and not others, and the other ranks wait for the rest. Going on would
-                # step on gradients that were never averaged (DDP refuses too, at its next backward).
-                raise ProtocolError(
-                    "the previous backward raised before DataParallel had averaged its gradients, so this "
-                    "rank is out of step with the others and cannot train on; let that exception end the "
-                    "process (macfleet launch --max-restarts N restarts the job from its last checkpoint)")
-            if self._replaced_by is not None:
-                raise ConfigError(
-                    f"this DataParallel's parameters were wrapped again by a newer DataParallel (of "
-                    f"{self._replaced_by}), which now averages their gradients: train through the newer one")
-            if self.runtime.world_size > 1 and self._stale():
-                self._lay_out("DataParallel (parameters changed)")
-            self._check_placement()
-            if self.broadcast_buffers and self.runtime.world_size > 1:
-                with torch.no_grad(), rt.on_behalf_of("DataParallel (buffers)"):
-                    _broadcast_flat(self._known_buffers, "buffers")
+            _eagerly(self._before_training_forward)()
         return self.module(*args, **kwargs)
+
+    def _before_training_forward(self) -> None:
+        if self._queued:
+            # Autograd drops the end-of-backward callback when backward raises: this rank released
+            # some buckets and not others, and the other ranks wait for the rest. Going on would
+            # step on gradients that were never averaged (DDP refuses too, at its next backward).
+            raise ProtocolError(
+                "the previous backward raised before DataParallel had averaged its gradients, so this "
+                "rank is out of step with the others and cannot train on; let that exception end the "
+                "process (macfleet launch --max-restarts N restarts the job from its last checkpoint)")
+        if self._replaced_by is not None:
+            raise ConfigError(
+                f"this DataParallel's parameters were wrapped again by a newer DataParallel (of "
+                f"{self._replaced_by}), which now averages their gradients: train through the newer one")
+        if self.runtime.world_size > 1 and self._stale():
+            self._lay_out("DataParallel (parameters changed)")
+        self._check_placement()
+        if self.broadcast_buffers and self.runtime.world_size > 1:
+            with torch.no_grad(), rt.on_behalf_of("DataParallel (buffers)"):
+                _broadcast_flat(self._known_buffers, "buffers")
 
     def _check_placement(self) -> None:
         """The buckets were laid out for the parameters' device and dtype at construction; a
@@ -444,6 +447,16 @@ def _average(bucket: Bucket, copied: HostEvent, device: Device, compression: str
         rt.all_reduce(staged, "avg", name=name, compression=compression)
     if bucket.host is not None:
         device.from_host(bucket.host, bucket.flat)
+
+
+def _eagerly(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn``, left out of the graph where torch.compile traces the caller
+    (``torch.compile(DataParallel(net))``, as DDP's users write it). DataParallel's bookkeeping
+    is Python with side effects: traced, it printed Dynamo's warnings about builtins it cannot
+    trace, and guarded the graph on counters that change. Not applied once at import: that
+    imports torch._dynamo, 1.3 s of every rank's start, for the scripts that never compile."""
+    compiling = getattr(torch.compiler, "is_compiling", None)  # torch 2.3 and later; compile is rare before
+    return torch.compiler.disable(fn) if compiling is not None and compiling() else fn
 
 
 def _share_scale(shares: Sequence[float] | None, rank: int, world: int) -> float:

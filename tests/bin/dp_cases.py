@@ -19,7 +19,9 @@ its first forward: no shapes to lay buckets out by, which the wrapping must say)
 first layer starts frozen; at step 3 the script unfreezes it, freezes the middle one and gives
 the model a new head, initialized differently on each rank, with the same DataParallel),
 ``rewrap`` (the same, but the script wraps the model again afterwards, as DDP asks),
-``fine-tune-differs`` (only rank 1 makes the change).
+``fine-tune-differs`` (only rank 1 makes the change), ``compiled`` (``torch.compile`` of the
+DataParallel, as DDP's users write it, compiled once for every step although the script makes a
+new loss module at each; Dynamo and AOTAutograd, no C compiler).
 Rank 0 saves its parameters to OUT.
 """
 
@@ -210,6 +212,9 @@ def main():
         model = nn.Sequential(g, d)
     else:
         model = macfleet.DataParallel(module, **options)
+        if case == "compiled":
+            model = torch.compile(model, backend="aot_eager")
+            torch._dynamo.config.error_on_recompile = True  # a graph compiled once serves every step
         modules = {name.rpartition(".")[0] for name, p in module.named_parameters() if p.requires_grad}
         assert len(model.buckets) == (1 if single else len(modules)), len(model.buckets)
     if case == "cast-after-wrap":
@@ -248,6 +253,8 @@ def main():
                     raise
                 print(f"caught {exc}", flush=True)
                 continue
+        elif case == "compiled":  # a loss module made at every step, as scripts do: registers a buffer
+            nn.CrossEntropyLoss()(model(xs), ys).backward()
         else:
             nn.functional.cross_entropy(model(xs), ys).backward()
         opt.step()
