@@ -2,7 +2,9 @@
 
 Checks on every rank, printing one line of JSON: collectives on CUDA tensors (exact), the
 DataParallel oracle on CUDA against a CPU run of the whole batch (one model, two in one
-backward, and a model fine-tuned with layers unfrozen and a new head after wrapping), memory reports and the cache given back, and the memory fraction.
+backward, a model fine-tuned with layers unfrozen and a new head after wrapping, and
+``torch.compile`` of the wrapper with inductor), memory reports and the cache given back, and
+the memory fraction.
 """
 
 import gc
@@ -98,6 +100,20 @@ for module, run, inputs, targets, r in ((tuned_ref, tuned_ref, x, y, 0),
 out["oracle_max_diff_fine_tune"] = max_diff(tuned, tuned_ref)
 del run
 gc.collect()
+# torch.compile of the wrapper, as DDP's users write it, with the default backend (inductor:
+# Triton kernels on CUDA), compiled once although the script makes a loss module at every step
+try:
+    torch._dynamo.config.error_on_recompile = True
+    compiled_module = oracle.make_model().to(dev)
+    compiled = torch.compile(macfleet.DataParallel(compiled_module, **tiny))
+    opt = oracle.make_optimizer(compiled_module)
+    for _ in range(6):
+        opt.zero_grad()
+        nn.CrossEntropyLoss()(compiled(xs), ys).backward()  # a new module: it registers a buffer
+        opt.step()
+    out["oracle_max_diff_compiled"] = max_diff(compiled_module, ref)
+except Exception as exc:  # a check script: say what failed, and go on with the other checks
+    out["oracle_max_diff_compiled"] = f"{type(exc).__name__}: {str(exc)[:300]}"
 # memory as macfleet reports it, and the cache given back (what the example does once an epoch)
 before = macfleet.memory()
 block = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
