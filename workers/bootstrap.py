@@ -77,9 +77,10 @@ def _free_script_objects() -> None:
     gc.collect()
     # What is left is torch's and the other modules' own objects, about 160,000 of them, which
     # the interpreter's finalization goes through in several full collections: 0.35 s of a
-    # rank's exit here, in every rank of every job. Frozen, the collections skip them; module
-    # dictionaries are still cleared (and what only they hold freed), and whatever the exit
-    # itself leaves behind (atexit handlers: macfleet.shutdown()) is still collected.
+    # rank's exit here, in every rank of every job. Frozen, the collections skip them: module
+    # dictionaries are still cleared (what only they hold is freed) and objects made from here
+    # on (by atexit handlers) are still collected; only reference cycles among the frozen ones
+    # are left to the process's end, whose finalizers Python never promised to run at exit.
     gc.freeze()
 
 
