@@ -23,6 +23,7 @@ from torch import nn
 from macfleet import runtime as rt
 from macfleet.errors import ConfigError
 from macfleet.objects import all_gather_bytes, broadcast_bytes, tensor_bytes
+from macfleet.parallel import DataParallel
 
 FORMAT = "macfleet-checkpoint"
 VERSION = 1
@@ -143,7 +144,18 @@ def _load_model(path: str, model: nn.Module, saved: dict[str, torch.Tensor]) -> 
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    return getattr(model, "module", model)
+    """The script's own model inside the wrappers around it: DataParallel (ours, torch's) and
+    DDP, and torch.compile's, in any order. A checkpoint's keys are then the same however the
+    model was wrapped, so a run resumed with compile switched on or off still loads. Only these
+    wrappers are opened: a model of the script's own may have a submodule called ``module``."""
+    while True:
+        compiled = sys.modules.get("torch._dynamo.eval_frame")  # a compiled model means it is imported
+        if isinstance(model, (DataParallel, nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif compiled is not None and isinstance(model, compiled.OptimizedModule):
+            model = model._orig_mod
+        else:
+            return model
 
 
 # -- RNG state of every rank --------------------------------------------------------------

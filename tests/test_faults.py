@@ -213,6 +213,46 @@ def test_a_bad_checkpoint_is_a_one_line_error(tmp_path) -> None:
         macfleet.checkpoint.load(str(tmp_path / "missing.pt"), nn.Linear(4, 2))
 
 
+def test_a_checkpoint_loads_however_the_model_is_wrapped(tmp_path) -> None:
+    """Saved from torch.compile(DataParallel(net)), it loads into DataParallel(torch.compile(net))
+    and into the bare model: a run resumed with compile switched on or off. Only the wrappers
+    are opened: a model's own submodule called ``module`` used to be taken for one, so its
+    checkpoint did not load into the bare model."""
+    import macfleet
+
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+    class Named(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module, self.head = net(), nn.Linear(2, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.module(x))
+
+    def trained(model: nn.Module) -> list[torch.Tensor]:
+        model(torch.ones(3, 4)).sum().backward()
+        torch.optim.SGD(model.parameters(), lr=0.5).step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    path = str(tmp_path / "model.pt")
+    compiled = torch.compile(macfleet.DataParallel(net()), backend="aot_eager")
+    want = trained(compiled)
+    macfleet.checkpoint.save(path, compiled)
+    for model in (macfleet.DataParallel(torch.compile(net(), backend="aot_eager")), net(),
+                  torch.compile(macfleet.DataParallel(net()), backend="aot_eager")):
+        macfleet.checkpoint.load(path, model)
+        assert all(torch.equal(p.detach(), w) for p, w in zip(model.parameters(), want, strict=True)), model
+    named = Named()
+    want = trained(named)
+    macfleet.checkpoint.save(path, macfleet.DataParallel(named))
+    fresh = Named()
+    macfleet.checkpoint.load(path, fresh)
+    assert all(torch.equal(p.detach(), w) for p, w in zip(fresh.parameters(), want, strict=True))
+
+
 @pytest.mark.parametrize("before, after", [(3, 2), (2, 3)])
 def test_a_checkpoint_resumes_in_a_job_of_another_size(tmp_path, before: int, after: int) -> None:
     """A Mac of the cluster is gone (or one more is there): the job restarts on fewer (more)
