@@ -148,8 +148,8 @@ def _unwrap(model: nn.Module) -> nn.Module:
     DDP, and torch.compile's, in any order. A checkpoint's keys are then the same however the
     model was wrapped, so a run resumed with compile switched on or off still loads. Only these
     wrappers are opened: a model of the script's own may have a submodule called ``module``."""
+    compiled = sys.modules.get("torch._dynamo.eval_frame")  # a compiled model means it is imported
     while True:
-        compiled = sys.modules.get("torch._dynamo.eval_frame")  # a compiled model means it is imported
         if isinstance(model, (DataParallel, nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
         elif compiled is not None and isinstance(model, compiled.OptimizedModule):

@@ -449,14 +449,17 @@ def _average(bucket: Bucket, copied: HostEvent, device: Device, compression: str
         device.from_host(bucket.host, bucket.flat)
 
 
+# torch 2.3 and later; torch.compile was rare before, and Dynamo folds this call while it traces
+_is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
 def _eagerly(fn: Callable[[], None]) -> Callable[[], None]:
     """``fn``, left out of the graph where torch.compile traces the caller
     (``torch.compile(DataParallel(net))``, as DDP's users write it). DataParallel's bookkeeping
     is Python with side effects: traced, it printed Dynamo's warnings about builtins it cannot
     trace, and guarded the graph on counters that change. Not applied once at import: that
     imports torch._dynamo, 1.3 s of every rank's start, for the scripts that never compile."""
-    compiling = getattr(torch.compiler, "is_compiling", None)  # torch 2.3 and later; compile is rare before
-    return torch.compiler.disable(fn) if compiling is not None and compiling() else fn
+    return torch.compiler.disable(fn) if _is_compiling() else fn
 
 
 def _share_scale(shares: Sequence[float] | None, rank: int, world: int) -> float:
