@@ -1,6 +1,6 @@
 """The rank side of ``macfleet bench allreduce``: time macfleet's and gloo's all-reduce side by side.
 
-Both run in the same processes, on the same tensors and sizes, one after the other; every
+Both run in the same processes, on the same tensors and sizes, taking turns call by call; every
 result of both is checked against the exact sum. Rank 0 reports a row per (size, library).
 With ``--shared-tensors`` the tensors are ``macfleet.host_tensor`` allocations (memory this
 host's ranks share, as DataParallel's buckets are), which gloo reduces like any other.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -27,24 +28,30 @@ def parse_size(text: str) -> int:
     return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
 
 
-def timed(fn, tensor: torch.Tensor, budget_s: float) -> tuple[float, int]:
-    """Median seconds per call, over as many calls as fit in ``budget_s`` (at least 3; every rank
-    runs the same count, so the collective calls line up)."""
-    fn(tensor)  # warm-up (buffers, connections)
-    started = time.perf_counter()
-    fn(tensor)
-    once = max(time.perf_counter() - started, 1e-6)
-    count = torch.tensor([max(3, min(200, int(budget_s / once)))])
-    macfleet.all_reduce(count, "max")
-    times = []
-    for _ in range(int(count.item())):
-        macfleet.barrier()
+def timed(fns: list[Callable[[torch.Tensor], object]], tensor: torch.Tensor, budget_s: float) -> list[tuple[float, int]]:
+    """Median seconds per call of each of ``fns`` and the number of calls, over as many calls as
+    fit in ``budget_s`` per library (at least 3; every rank runs the same count, so the collective
+    calls line up). The libraries take turns, call k of each before call k+1 of any: a slow
+    spell of a shared machine then falls on all of them alike, where timing one library after
+    the other moved their ratio by 2x between runs on the device machine."""
+    once = []
+    for fn in fns:
+        fn(tensor)  # warm-up (buffers, connections)
         started = time.perf_counter()
         fn(tensor)
-        times.append(time.perf_counter() - started)
-    worst = torch.tensor([sorted(times)[len(times) // 2]])
+        once.append(max(time.perf_counter() - started, 1e-6))
+    count = torch.tensor([max(3, min(200, int(budget_s * len(fns) / sum(once))))])
+    macfleet.all_reduce(count, "max")
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(int(count.item())):
+        for fn, spent in zip(fns, times):
+            macfleet.barrier()
+            started = time.perf_counter()
+            fn(tensor)
+            spent.append(time.perf_counter() - started)
+    worst = torch.tensor([sorted(spent)[len(spent) // 2] for spent in times], dtype=torch.float64)
     macfleet.all_reduce(worst, "max")  # a collective is as slow as its slowest rank
-    return float(worst.item()), len(times)
+    return [(float(seconds), len(spent)) for seconds, spent in zip(worst.tolist(), times)]
 
 
 def main() -> None:
@@ -70,15 +77,17 @@ def main() -> None:
             libraries.append(("gloo", lambda t: dist.all_reduce(t)))
         # one tensor per size, refilled before each use
         tensor = host_tensor(numel, dtype) if args.shared_tensors else torch.empty(numel, dtype=dtype)
+        algorithms = {}
         for name, fn in libraries:
             check = tensor.copy_(base + rank)
             fn(check)
             if not torch.equal(check, expected):
                 raise SystemExit(f"{name} all_reduce of {size} bytes gave a wrong result")
-            algorithm = runtime().collectives.last_algorithm if name == "macfleet" else "gloo default"
-            seconds, calls = timed(fn, tensor.copy_(base + rank), args.budget)
+            algorithms[name] = runtime().collectives.last_algorithm if name == "macfleet" else "gloo default"
+        results = timed([fn for _, fn in libraries], tensor.copy_(base + rank), args.budget)
+        for (name, _), (seconds, calls) in zip(libraries, results):
             rows.append({"library": name, "bytes": numel * dtype.itemsize, "seconds": seconds, "calls": calls,
-                         "algorithm": algorithm, "busbw_gbs": 2 * (world - 1) / world * numel * dtype.itemsize
+                         "algorithm": algorithms[name], "busbw_gbs": 2 * (world - 1) / world * numel * dtype.itemsize
                          / seconds / 1e9})
     if rank == 0:
         report({"world": world, "dtype": args.dtype, "rows": rows, "shared_tensors": args.shared_tensors,
