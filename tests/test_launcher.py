@@ -110,7 +110,7 @@ def test_bench_allreduce_prints_both_libraries_side_by_side(tmp_path) -> None:
                                                                   (262144, "gloo"), (262144, "macfleet")]
     for row in rows:
         assert row["calls"] >= 3
-        # the libraries take turns, call by call: as many calls of each
+        # the libraries take turns: as many calls of each
         assert row["calls"] == next(r["calls"] for r in rows if r["bytes"] == row["bytes"])
         assert abs(row["busbw_gbs"] - row["bytes"] / row["seconds"] / 1e9) < 1e-6 * row["busbw_gbs"]  # 2(N-1)/N = 1
     table = proc.stdout[proc.stdout.index("speed-up"):].splitlines()[1:3]
