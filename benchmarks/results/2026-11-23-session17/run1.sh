@@ -31,5 +31,5 @@ PY
 for mode in cpu gil; do
   flag=""; [ $mode = gil ] && flag="--gil"
   LOOP_S=4 timeout 60 py-spy record $flag --subprocesses --threads -r 400 -f raw -o $OUT/spy_$mode.txt -- \
-    python3 -m macfleet.launcher.cli launch --nproc 2 $REPO/.exp/loop16.py 2>&1 | quiet | tail -5
+    python3 -m macfleet.launcher.cli launch --nproc 2 $REPO/benchmarks/results/2026-11-23-session17/loop16.py 2>&1 | quiet | tail -5
 done

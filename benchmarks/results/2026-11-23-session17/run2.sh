@@ -25,5 +25,5 @@ print(json.dumps({p.split('/')[-1]: json.load(open(p)) for p in sorted(glob.glob
 PY
 SPY=$(find /tmp/site -name py-spy -type f | head -1); echo "py-spy at: $SPY"
 [ -n "$SPY" ] && chmod +x $SPY && LOOP_S=4 timeout 60 $SPY record --subprocesses --threads --idle -r 300 -f raw \
-  -o $OUT/spy_idle.txt -- python3 -m macfleet.launcher.cli launch --nproc 2 $REPO/.exp/loop16.py 2>&1 | quiet | tail -4
+  -o $OUT/spy_idle.txt -- python3 -m macfleet.launcher.cli launch --nproc 2 $REPO/benchmarks/results/2026-11-23-session17/loop16.py 2>&1 | quiet | tail -4
 ls -la $OUT
