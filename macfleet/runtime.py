@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import torch
 import zmq
 
-from macfleet import backends, errorfile, hostops
+from macfleet import backends, errorfile, hostops, segments
 from macfleet import protocol
 from macfleet.collectives import SMALL_BYTES, ZERO_COPY_BYTES, Collectives
 from macfleet.control import ControlClient
@@ -116,7 +116,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
             local = LocalGroup(shm_dir or "", env.job_id, env.rank - env.local_rank, env.local_world_size,
                                env.local_rank, _env_bytes("MACFLEET_SHM_SLOT_BYTES",
                                                           default_slot_bytes(env.local_world_size)),
-                               liveness, timeout_s)
+                               liveness, timeout_s, objects=segments.use_objects())
         if shared_memory and multi_host and env.local_rank == 0:
             leaders = Ring(data_ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id,
                            liveness, timeout_s, name="h")
@@ -222,7 +222,9 @@ def _orphaned(env: WorkerEnv) -> bool:
     memory) ourselves, since it no longer can."""
     if not env.agent_pid or os.getppid() == env.agent_pid:
         return False
-    shutil.rmtree(os.environ.get("MACFLEET_SHM_DIR", ""), ignore_errors=True)
+    directory = os.environ.get("MACFLEET_SHM_DIR", "")
+    segments.release(directory)
+    shutil.rmtree(directory, ignore_errors=True)
     return True
 
 

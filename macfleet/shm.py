@@ -12,9 +12,10 @@ arrives by writing its barrier count and waits until every count has reached it.
 round trip costs tens of microseconds per barrier (measured: 250 us a round on 16 cores),
 which made slots small enough to stay in cache slower than the memory traffic they save.
 
-The segment is a file in the agent's per-job directory (under /dev/shm where there is one).
-The host's first rank creates it; once every local rank has mapped it, it is unlinked, so
-the memory goes back to the system when the last process exits, however it exits.
+The segment is a file in the agent's per-job directory, under /dev/shm, or on macOS a POSIX
+shared-memory object (``macfleet.segments``). The host's first rank creates it; once every local
+rank has mapped it, it is unlinked, so the memory goes back to the system when the last process
+exits, however it exits.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from macfleet.errors import CollectiveTimeout, ConfigError, ProtocolError
+from macfleet.segments import PREFIX, Segments
 from macfleet.transport import Liveness
 
 ALIGN = 64
@@ -106,12 +108,16 @@ class LocalGroup:
     """The ranks ``base .. base+size-1`` on this host, ``index`` being this rank's place."""
 
     def __init__(self, directory: str, job_id: str, base: int, size: int, index: int, slot_bytes: int,
-                 liveness: Liveness, timeout_s: float, direct_bytes: int = DIRECT_BYTES) -> None:
+                 liveness: Liveness, timeout_s: float, direct_bytes: int = DIRECT_BYTES,
+                 objects: bool = False) -> None:
+        """``directory``: the agent's per-job directory; ``objects``: segments are POSIX
+        shared-memory objects, not files in it (``macfleet.segments``)."""
         self.base, self.size, self.index = base, size, index
         self.direct_bytes = direct_bytes
         self.slot_bytes = max(ALIGN, slot_bytes - slot_bytes % ALIGN)
         self.liveness, self.timeout_s = liveness, timeout_s
-        self.path = os.path.join(directory, f"shm-{job_id}-{base}")
+        self.segments = Segments(directory, objects)
+        self.name = f"{PREFIX}{job_id}-{base}"
         self._generation = 0
         self._round = 0
         self._shared: dict[int, SharedTensor] = {}  # by the data_ptr of this rank's row
@@ -125,7 +131,7 @@ class LocalGroup:
         self._control = -(-size * ALIGN // PAGE) * PAGE
         self._total = self._control + 2 * (size + 1) * self.slot_bytes  # two buffers of: a slot per rank + result
         if index == 0:  # before rendezvous, so the others find it when they attach
-            fd = _create(self.path, self._total)  # zero-filled: every counter starts at 0
+            fd = self.segments.create(self.name, self._total)  # zero-filled: every counter starts at 0
         else:
             fd = -1
         self._fd = fd
@@ -135,12 +141,12 @@ class LocalGroup:
 
     def attach(self) -> None:
         """Map the segment (every rank has registered, so the leader has created it)."""
-        self._mmap = _map(self._fd if self._fd >= 0 else os.open(self.path, os.O_RDWR), self._total)
+        self._mmap = _map(self._fd if self._fd >= 0 else self.segments.open(self.name), self._total)
         self._counters = memoryview(self._mmap)[:self._control].cast("q")
         self.raw = torch.frombuffer(self._mmap, dtype=torch.uint8, offset=self._control)
         self.barrier()
         if self.index == 0:  # everyone has it mapped: from now on only the mappings keep it alive
-            os.unlink(self.path)
+            self.segments.unlink(self.name)
 
     # -- signalling -------------------------------------------------------------------------
     def barrier(self) -> None:
@@ -316,14 +322,14 @@ class LocalGroup:
         self._allocated += 1
         key = self._allocated
         row = -(-numel * dtype.itemsize // PAGE) * PAGE  # rows of whole pages: no line is written by two ranks
-        path = f"{self.path}-t{key}"
+        name = f"{self.name}-t{key}"
         if self.index == 0:
-            fd = _create(path, row * self.size)
-        self.barrier()  # the file exists
-        mapping = _map(fd if self.index == 0 else os.open(path, os.O_RDWR), row * self.size)
+            fd = self.segments.create(name, row * self.size)
+        self.barrier()  # the segment exists
+        mapping = _map(fd if self.index == 0 else self.segments.open(name), row * self.size)
         self.barrier()  # everyone has mapped it
         if self.index == 0:
-            os.unlink(path)
+            self.segments.unlink(name)
         rows = torch.frombuffer(mapping, dtype=torch.uint8).view(self.size, row)[:, :numel * dtype.itemsize]
         shared = SharedTensor(key, rows.view(dtype), mapping)
         mine = shared.rows[self.index]
@@ -439,8 +445,8 @@ class LocalGroup:
                 self._mmap.close()
             except BufferError:
                 pass  # a tensor view is still alive; the mapping goes with the process
-        if self.index == 0 and os.path.exists(self.path):
-            os.unlink(self.path)
+        if self.index == 0:
+            self.segments.unlink(self.name)  # closed before every rank had mapped it
 
 
 def _combine(rows: list[torch.Tensor], result: torch.Tensor, op: str) -> None:
@@ -462,25 +468,6 @@ def _copy_all_but(dst: torch.Tensor, src: torch.Tensor, share: tuple[int, int]) 
         dst[:a].copy_(src[:a])
     if b < dst.numel():
         dst[b:].copy_(src[b:])
-
-
-def _create(path: str, nbytes: int) -> int:
-    """Create the file (it must not exist), size it and, where the system can, claim its memory
-    now: a file that outgrows a full /dev/shm (docker's default is 64 MiB) would otherwise kill
-    the first rank that touches the missing page with SIGBUS, mid-collective. The file is
-    removed if there is no room. Returns the open descriptor."""
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    try:
-        os.ftruncate(fd, nbytes)
-        if hasattr(os, "posix_fallocate"):  # Linux; macOS has no /dev/shm and backs the file by disk
-            os.posix_fallocate(fd, 0, nbytes)
-    except OSError as exc:
-        os.close(fd)
-        os.unlink(path)
-        raise ConfigError(
-            f"shared memory: no room for {nbytes / 2**20:.0f} MiB in {os.path.dirname(path)} ({exc.strerror}); "
-            f"make it larger (docker run --shm-size) or set MACFLEET_SHM=0 to exchange over sockets only") from None
-    return fd
 
 
 def _map(fd: int, nbytes: int) -> mmap.mmap:

@@ -82,7 +82,9 @@ def no_leftover_processes(request):
     assert not left, f"processes left behind: {left}"
     import glob
 
-    segments = glob.glob("/dev/shm/macfleet-*")  # per-job scratch: error files, shared-memory segments
+    # per-job scratch (error files, shared-memory segments), and segments made as macOS makes
+    # them (MACFLEET_SHM_OBJECTS=1: glibc's shm_open puts them in /dev/shm)
+    segments = glob.glob("/dev/shm/macfleet-*") + glob.glob("/dev/shm/mf-*")
     for path in segments:
         subprocess.run(["rm", "-rf", path])
     assert not segments, f"shared memory left behind: {segments}"

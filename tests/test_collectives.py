@@ -61,7 +61,9 @@ PATHS = {
     "w1": (1, {}),
     "w2-default": (2, {}),
     "w2-tcp": (2, TCP),  # a pair: each adds the other's tensor into its own (one pass up to 4 MiB)
-    "w3-shm-tiny-slots": (3, {"MACFLEET_SHM_SLOT_BYTES": "4096", "MACFLEET_SMALL_BYTES": "256"}),
+    # segments as POSIX shared-memory objects, as on macOS (macfleet.segments)
+    "w3-shm-tiny-slots": (3, {"MACFLEET_SHM_SLOT_BYTES": "4096", "MACFLEET_SMALL_BYTES": "256",
+                              "MACFLEET_SHM_OBJECTS": "1"}),
     "w3-tcp-tiny-chunks-2-streams": (3, {**TCP, "MACFLEET_CHUNK_BYTES": "4096", "MACFLEET_SMALL_BYTES": "256",
                                          "MACFLEET_STREAMS": "2"}),
     "w4-tcp-tiny-chunks": (4, {**TCP, "MACFLEET_CHUNK_BYTES": "1000", "MACFLEET_SMALL_BYTES": "64"}),
@@ -143,14 +145,19 @@ def test_compressed_all_reduce_is_close_and_identical_on_every_rank(tmp_path, pa
     run_cases(tmp_path, world, case_list, env)
 
 
-def test_shared_memory_is_gone_after_the_job(tmp_path) -> None:
-    """The segment is unlinked once every rank has mapped it, and the agent's directory removed."""
+@pytest.mark.parametrize("objects", ["0", "1"], ids=["files", "objects"])
+def test_shared_memory_is_gone_after_the_job(tmp_path, objects: str) -> None:
+    """The segment (a file in the agent's directory, or a POSIX object as on macOS) is
+    unlinked once every rank has mapped it, and the agent's directory removed."""
     import glob
 
-    before = set(glob.glob("/dev/shm/macfleet-*"))
+    def scratch() -> set[str]:  # the agents' directories, and objects (glibc's shm_open puts them in /dev/shm)
+        return set(glob.glob("/dev/shm/macfleet-*") + glob.glob("/dev/shm/mf-*"))
+
+    before = scratch()
     run_cases(tmp_path, 3, [{"kind": "all_reduce", "dtype": "float32", "numel": 300_001, "seed": 1, "op": "sum",
-                             "src": 0}])
-    assert set(glob.glob("/dev/shm/macfleet-*")) == before
+                             "src": 0}], env={"MACFLEET_SHM_OBJECTS": objects})
+    assert scratch() == before
 
 
 @pytest.mark.parametrize("world", [1, 3])

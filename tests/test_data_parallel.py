@@ -39,8 +39,10 @@ def reference(case: str) -> dict[str, torch.Tensor]:
                                   "fine-tune", "rewrap", "compiled"])
 def test_data_parallel_matches_the_whole_batch(tmp_path, case: str) -> None:
     out = tmp_path / "params.pt"
-    # compression casts what crosses the network; ranks of one host share float32 memory
-    env = {"MACFLEET_SHM": "0"} if case in TOLERANCE else None
+    # compression casts what crosses the network; ranks of one host share float32 memory.
+    # Two cases keep their buckets in POSIX shared-memory objects, as on macOS.
+    env = {"MACFLEET_SHM": "0"} if case in TOLERANCE else \
+        {"MACFLEET_SHM_OBJECTS": "1"} if case in ("buckets", "fine-tune") else None
     job = run_launch("--nproc", "3", str(BIN / "dp_cases.py"), case, str(out), env=env)
     assert job.code == 0, job.output
     assert "Dynamo" not in job.output, job.output  # compiled: DataParallel's bookkeeping is left untraced

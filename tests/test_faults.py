@@ -100,6 +100,18 @@ def test_a_stopped_rank_is_reported_then_aborted(job_of_three) -> None:
     assert seconds < 4 + 11
 
 
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="looks for the object in /dev/shm (Linux)")
+def test_a_shared_memory_object_a_killed_rank_held_is_released() -> None:
+    """Segments made as on macOS (POSIX objects, which outlive their processes until the Mac
+    restarts): a rank killed between creating one and unlinking it leaves it to its agent."""
+    job = run_launch("--nproc", "2", BEHAVE, "1", "sigkill-holding-segment", env={"MACFLEET_SHM_OBJECTS": "1"},
+                     timeout=60)
+    assert job.code == 128 + signal.SIGKILL, job.output
+    held = re.search(r"holding (/mf-\w+)", job.stdout)
+    assert held, job.output
+    assert not os.path.exists("/dev/shm" + held.group(1))  # glibc's shm_open puts objects there
+
+
 def test_a_rank_that_finishes_early_is_named_without_waiting_for_the_stall_timeout() -> None:
     """Rank 2 shuts down cleanly while ranks 0 and 1 still all-reduce: they would wait forever
     (or, before, until twice the 60 s stall timeout, blamed on the network)."""

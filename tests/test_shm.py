@@ -15,15 +15,17 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from macfleet import segments
 from macfleet.errors import CollectiveTimeout, ConfigError, JobAborted, ProtocolError
+from macfleet.segments import Segments
 from macfleet.shm import DIRECT_BYTES, LocalGroup, Signature
 from macfleet.transport import Liveness
 
 
 def make_groups(tmp_path, size: int, slot_bytes: int = 4096, timeout_s: float = 10.0,
-                direct_bytes: int = DIRECT_BYTES) -> list[LocalGroup]:
+                direct_bytes: int = DIRECT_BYTES, objects: bool = False) -> list[LocalGroup]:
     liveness = Liveness()
-    groups = [LocalGroup(str(tmp_path), "job", 0, size, i, slot_bytes, liveness, timeout_s, direct_bytes)
+    groups = [LocalGroup(str(tmp_path), "job", 0, size, i, slot_bytes, liveness, timeout_s, direct_bytes, objects)
               for i in range(size)]
     with ThreadPoolExecutor(size) as pool:
         list(pool.map(LocalGroup.attach, groups))  # attach ends with a barrier: all must map the segment
@@ -40,9 +42,12 @@ def close_all(groups: list[LocalGroup]) -> None:
 def test_ranks_reduce_exactly_over_many_pipelined_rounds(tmp_path, size: int, direct_bytes: int) -> None:
     """direct_bytes=0: each rank reads its own share from its tensor and writes the result
     straight back (what tensors over 1 MiB do); the default sends these small ones through the
-    slots. 3 elements on 5 ranks leave some ranks no share at all."""
-    groups = make_groups(tmp_path, size, slot_bytes=256, direct_bytes=direct_bytes)  # 64 floats a round
-    assert not os.path.exists(groups[0].path)  # unlinked once everyone mapped it
+    slots. 3 elements on 5 ranks leave some ranks no share at all. Objects (macOS's segments)
+    for 3 ranks."""
+    groups = make_groups(tmp_path, size, slot_bytes=256, direct_bytes=direct_bytes, objects=size == 3)
+    assert groups[0].segments.objects == (size == 3)
+    assert not groups[0].segments.exists(groups[0].name)  # unlinked once everyone mapped it
+    assert os.listdir(tmp_path) == []  # and its marker with it
 
     def on_every_rank(call) -> None:
         with ThreadPoolExecutor(size) as pool:
@@ -216,3 +221,20 @@ def test_a_shared_tensor_is_unmapped_once_nothing_uses_it(tmp_path) -> None:
         assert not [line for line in open("/proc/self/maps") if "shm-job-0-t1" in line]
     finally:
         close_all(groups)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="looks for the objects in /dev/shm (Linux)")
+def test_an_object_a_crash_left_is_released_with_its_directory(tmp_path) -> None:
+    """A segment's creator that dies before unlinking it leaves a POSIX object, which would
+    hold its memory until the Mac restarts; its marker in the per-job directory names it."""
+    store = Segments(str(tmp_path), objects=True)
+    name = "shm-0123456789ab-12-t34567"  # as long as a job's names get
+    assert len(segments.object_name(name)) <= 30  # macOS's limit, the slash included
+    os.close(store.create(name, 1 << 20))
+    in_dev_shm = "/dev/shm" + segments.object_name(name)  # where glibc's shm_open puts it
+    assert os.path.getsize(in_dev_shm) == 1 << 20 and store.exists(name)
+    assert os.listdir(tmp_path) == [name]  # the marker
+    with pytest.raises(FileExistsError):  # never two segments of one name
+        store.create(name, 4096)
+    segments.release(str(tmp_path))
+    assert not os.path.exists(in_dev_shm) and not store.exists(name)

@@ -31,7 +31,7 @@ from typing import IO
 
 import zmq
 
-from macfleet import netaddr, protocol
+from macfleet import netaddr, protocol, segments
 from macfleet.control import ControlClient
 from macfleet.lines import WholeLines, ends_line, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
@@ -406,6 +406,7 @@ class Agent:
         self.client.send(protocol.DONE, host_index=self.spec.host_index)
         self.client.close()
         self.ctx.destroy(linger=1000)
+        segments.release(self.tmpdir)  # shared-memory objects a crash left (macOS)
         shutil.rmtree(self.tmpdir, ignore_errors=True)  # error files, and any segment a crash left
         return 0 if all(w.exit and w.exit.code == 0 for w in self.workers) else 1
 

@@ -29,7 +29,8 @@ def parse_size(text: str) -> int:
     return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
 
 
-def timed(fns: list[Callable[[torch.Tensor], object]], tensor: torch.Tensor, budget_s: float) -> list[tuple[float, int]]:
+def timed(fns: list[Callable[[torch.Tensor], object]], tensor: torch.Tensor,
+          budget_s: float) -> list[tuple[float, int]]:
     """Median seconds per call of each of ``fns`` and the number of calls, over as many calls as
     fit in ``budget_s`` per library (at least 3; every rank runs the same count, so the collective
     calls line up).

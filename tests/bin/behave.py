@@ -1,7 +1,8 @@
 """A rank that does what the test asks: ``behave.py FAIL_RANK MODE``.
 
 Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by MODE
-(``raise``, ``exit3``, ``sigkill``, ``early``: shut down and exit 0, ``no-init``: exit 0
+(``raise``, ``exit3``, ``sigkill``, ``sigkill-holding-segment``: killed between creating a
+shared-memory segment and unlinking it, ``early``: shut down and exit 0, ``no-init``: exit 0
 before ``macfleet.init()``, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
 (until stopped). ``env`` prints the environment contract as this rank sees it.
@@ -45,6 +46,11 @@ if rank == fail_rank:
     if mode == "exit3":
         sys.exit(3)
     if mode == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "sigkill-holding-segment":  # as a host's first rank creates one (macfleet.shm)
+        from macfleet.segments import Segments, object_name, use_objects
+        Segments(os.environ["MACFLEET_SHM_DIR"], use_objects()).create("shm-left-by-a-crash", 1 << 20)
+        print(f"holding {object_name('shm-left-by-a-crash')}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "early":  # a clean finish, while the others still have collectives to do
         macfleet.shutdown()
