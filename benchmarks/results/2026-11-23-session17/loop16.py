@@ -1,5 +1,5 @@
 """16 MiB all-reduces back to back for a few seconds (profiling target)."""
-import os, sys, time
+import os, time
 import torch
 import macfleet
 def threads():
