@@ -3,12 +3,12 @@
 Linux has /dev/shm, a RAM filesystem, and the agent puts its per-job directory there. A segment
 is then a file in that directory, and removing the directory removes whatever a crash left.
 
-A Mac has no RAM filesystem: its temporary directory is on the SSD. A mapped file's dirty pages
-belong to the file, and the kernel writes them back to it (under memory pressure, which training
-on unified memory brings, or when the file is unmapped). Every step rewrites the whole
-segment. So on macOS a segment is a POSIX shared-memory object (``shm_open``): memory that is
-never written to disk, which is also what torch's shared tensors and Python's
-``multiprocessing.shared_memory`` use there.
+A Mac has no RAM filesystem: its temporary directory is on the SSD. A shared mapping's dirty
+pages belong to the file, and the kernel may write them back to it: when it evicts them (under
+memory pressure, which training on unified memory brings) or when the file is unmapped. And
+every step rewrites the whole segment and every bucket. So on macOS a segment is a POSIX
+shared-memory object (``shm_open``): memory with no file behind it, which is also what torch's
+shared tensors and Python's ``multiprocessing.shared_memory`` use there.
 
 An object outlives a process that crashes before unlinking it, until the Mac restarts. So its
 creator first leaves a marker file of the same name in the per-job directory, and whoever
