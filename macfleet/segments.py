@@ -65,7 +65,13 @@ class Segments:
         descriptor."""
         if self.objects:
             os.close(os.open(self._marker(name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-            fd = _posixshmem.shm_open(object_name(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            try:
+                fd = _posixshmem.shm_open(object_name(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            except OSError as exc:  # e.g. a Linux without /dev/shm, where MACFLEET_SHM_OBJECTS=1 was set
+                os.unlink(self._marker(name))
+                raise ConfigError(f"shared memory: cannot create a POSIX shared-memory object ({exc.strerror}); "
+                                  f"set MACFLEET_SHM_OBJECTS=0, or MACFLEET_SHM=0 to exchange over sockets "
+                                  f"only") from None
         else:
             fd = os.open(self._marker(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:

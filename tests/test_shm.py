@@ -238,3 +238,13 @@ def test_an_object_a_crash_left_is_released_with_its_directory(tmp_path) -> None
         store.create(name, 4096)
     segments.release(str(tmp_path))
     assert not os.path.exists(in_dev_shm) and not store.exists(name)
+    # an object that cannot be made is a ConfigError that says what to do, and leaves no marker
+    os.remove(tmp_path / name)
+    with open(in_dev_shm, "wb"):  # someone else's, in the way
+        pass
+    try:
+        with pytest.raises(ConfigError, match="cannot create a POSIX shared-memory object .*MACFLEET_SHM=0"):
+            store.create(name, 4096)
+        assert os.listdir(tmp_path) == []
+    finally:
+        os.remove(in_dev_shm)
