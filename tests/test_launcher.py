@@ -119,6 +119,8 @@ def test_bench_allreduce_prints_both_libraries_side_by_side(tmp_path) -> None:
                       for lib in ("macfleet", "gloo"))
         assert line.split()[-1] == f"{gloo / ours:.2f}x", line
     assert "share of each rank's time" not in proc.stderr  # a training job's line; the table says it here
+    # progress, size by size as it runs, on stderr
+    assert re.findall(r"^\[rank 0\] (\w+): macfleet [\d.]+ ms, gloo [\d.]+ ms$", proc.stderr, re.M) == ["4K", "256K"]
 
 
 def test_bench_allreduce_reduces_shared_tensors_in_place(tmp_path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from typing import Callable
 
@@ -78,7 +79,8 @@ def main() -> None:
         dist.init_process_group("gloo", rank=rank, world_size=world)  # MASTER_ADDR/PORT from the launcher
     dtype = DTYPES[args.dtype]
     rows = []
-    for size in (parse_size(s) for s in args.sizes.split(",")):
+    for text in args.sizes.split(","):
+        size = parse_size(text)
         numel = max(1, size // dtype.itemsize)
         base = (torch.arange(numel) % 7).to(dtype)
         expected = (base * world + sum(range(world))).to(dtype)  # rank r contributes base + r
@@ -99,6 +101,10 @@ def main() -> None:
             rows.append({"library": name, "bytes": numel * dtype.itemsize, "seconds": seconds, "calls": calls,
                          "algorithm": algorithms[name], "busbw_gbs": 2 * (world - 1) / world * numel * dtype.itemsize
                          / seconds / 1e9})
+        if rank == 0:  # progress, size by size (a run up to 256 MiB at 8 ranks takes a minute); the table,
+            # on stdout, follows at the end
+            print(f"{text.strip()}: " + ", ".join(f"{name} {seconds * 1e3:.3f} ms" for (name, _), (seconds, _)
+                                                  in zip(libraries, results)), file=sys.stderr, flush=True)
     if rank == 0:
         report({"world": world, "dtype": args.dtype, "rows": rows, "shared_tensors": args.shared_tensors,
                 "streams": os.environ.get("MACFLEET_STREAMS", "auto"), "shm": os.environ.get("MACFLEET_SHM", "1")})
