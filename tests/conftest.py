@@ -33,11 +33,13 @@ def launch_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "macfleet.launcher.cli", "launch", *args]
 
 
-def run_launch(*args: str, timeout: float = 120, env: dict[str, str] | None = None, cwd: str | None = None) -> Job:
-    """Run ``macfleet launch ARGS`` to completion; on timeout kill its whole process group and fail."""
+def run_launch(*args: str, timeout: float = 120, env: dict[str, str] | None = None, cwd: str | None = None,
+               prefix: list[str] | None = None) -> Job:
+    """Run ``macfleet launch ARGS`` to completion (behind ``prefix``, a command that runs it);
+    on timeout kill its whole process group and fail."""
     started = time.monotonic()
     proc = subprocess.Popen(
-        launch_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [*(prefix or []), *launch_command(*args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
     )
     try:

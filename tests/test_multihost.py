@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -107,6 +108,31 @@ def test_hosts_named_by_ipv6_addresses(netns_hosts) -> None:
     assert "received every byte" in job.stdout, job.output
     ring = job.stderr[job.stderr.index("ring of 2 ranks"):].splitlines()[2:4]
     assert [line.split()[2] for line in ring] == [h.addr6 for h in hosts], ring  # the data goes over IPv6
+
+
+def test_a_name_with_both_kinds_of_address_is_reached_over_ipv4(netns_hosts, tmp_path) -> None:
+    """A Mac's name.local often resolves to an IPv6 address first, a link-local one, which
+    names an interface of that Mac only. The ring goes over the name's IPv4 address. The names
+    resolve so for the launcher alone: a private /etc/hosts, in a mount namespace of its own."""
+    hosts, server = netns_hosts
+    if hosts[0].addr6 is None or shutil.which("unshare") is None:
+        pytest.skip("needs IPv6 and unshare(1)")
+    names = ["mf-dual1", "mf-dual2"]
+    table = tmp_path / "hosts"
+    table.write_text("127.0.0.1 localhost\n" + "".join(f"{host.addr6} {name}\n{host.addr} {name}\n"
+                                                        for host, name in zip(hosts, names, strict=True)))
+    private = ["unshare", "--mount", "sh", "-c", f'mount --bind "{table}" /etc/hosts && exec "$@"', "sh"]
+    order = subprocess.run([*private, "getent", "ahosts", names[0]], capture_output=True, text=True, timeout=30)
+    if order.returncode != 0:
+        pytest.skip(f"no private /etc/hosts here: {order.stderr.strip()}")
+    if order.stdout.split()[0] != hosts[0].addr6:
+        pytest.skip("this resolver lists the IPv4 address first already")
+    job = run_launch("--hosts", ",".join(f"{name}:1" for name in names), *server.launch_options(),
+                     str(BIN / "last_send.py"), str(1 << 20), timeout=60, prefix=private)
+    assert job.code == 0, job.output
+    assert "received every byte" in job.stdout, job.output
+    ring = job.stderr[job.stderr.index("ring of 2 ranks"):].splitlines()[2:4]
+    assert [line.split()[2] for line in ring] == [host.addr for host in hosts], ring
 
 
 def blocked(netns_hosts, block: str) -> tuple[Job, str]:
