@@ -66,7 +66,8 @@ class AgentProc:
     host: Host
     spec: AgentSpec
     proc: subprocess.Popen
-    tail: deque = field(default_factory=lambda: deque(maxlen=20))  # ssh's own error lines
+    tail: deque = field(default_factory=lambda: deque(maxlen=20))  # its own lines (or ssh's), not its ranks'
+    relay: threading.Thread | None = None  # copies its stderr to ours (``_relay_stderr``)
 
 
 @dataclass
@@ -85,13 +86,14 @@ def start_agent(spec: AgentSpec, host: Host, cfg: LaunchConfig) -> AgentProc:
     tells the agent that we (or the ssh connection) died."""
     command = [spec.python, "-m", "macfleet.workers.agent"]
     if host.is_local:
-        proc = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True, cwd=spec.cwd)
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                cwd=spec.cwd)
     else:
         proc = subprocess.Popen(ssh_command(host, cfg.ssh, spec.cwd, command), stdin=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
     agent = AgentProc(host, spec, proc)
-    if proc.stderr is not None:
-        threading.Thread(target=_relay_stderr, args=(agent,), daemon=True).start()
+    agent.relay = threading.Thread(target=_relay_stderr, args=(agent,), daemon=True)
+    agent.relay.start()
     assert proc.stdin is not None
     try:
         proc.stdin.write((spec.to_json() + "\n").encode())
@@ -102,7 +104,8 @@ def start_agent(spec: AgentSpec, host: Host, cfg: LaunchConfig) -> AgentProc:
 
 
 def _relay_stderr(agent: AgentProc) -> None:
-    """A remote agent's stderr (its ranks' prefixed output, ssh's own errors), as it comes."""
+    """An agent's stderr (its ranks' prefixed output; its own words, such as why it refused to
+    start; ssh's errors), as it comes. Its own lines are kept for the failure report."""
     stream = agent.proc.stderr
     assert stream is not None
     lines = WholeLines()
@@ -220,6 +223,8 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
         if all(a.proc.poll() is not None for a in agents):
             coord.poll(0.05)  # messages the agents sent just before exiting
             break
+    for agent in agents:  # what they wrote last (a rank's traceback), before the report
+        _drained(agent)
         if abort_at is not None and time.monotonic() - abort_at > 2 * cfg.grace_s + 5:
             log("agents did not stop in time; killing them")
             break
@@ -236,7 +241,15 @@ def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> No
     coord.start_agents(master_addr=coord.hellos[0].get("data_addr") or agents[0].spec.data_addr)
 
 
+def _drained(agent: AgentProc) -> None:
+    """Until the agent's stderr is copied to the end (a child that outlived it and holds the
+    pipe may delay that: at most 2 s)."""
+    if agent.relay is not None:
+        agent.relay.join(timeout=2)
+
+
 def _agent_lost(agent: AgentProc) -> str:
+    _drained(agent)  # its last words
     code = agent.proc.returncode
     said = next((line for line in reversed(agent.tail) if line.strip()), "")  # a remote one's last words
     if not agent.host.is_local and code == 255:
