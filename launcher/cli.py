@@ -14,7 +14,7 @@ from typing import Any, Callable
 import click
 
 from macfleet.env import DEVICES
-from macfleet.launcher.hosts import Host, parse_hostfile, parse_hosts
+from macfleet.launcher.hosts import Host, data_address, parse_hostfile, parse_hosts
 from macfleet.launcher.launch import LaunchConfig, run_with_restarts
 from macfleet.launcher.remote import SshOptions, find_this_machine
 
@@ -67,6 +67,11 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
             host_list = [Host("localhost", nproc or 1)]
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--hostfile" if hostfile else "--hosts") from None
+    if data_addr is not None:
+        try:
+            data_addr = data_address(data_addr, "")
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--data-addr") from None
     for option in ssh_options:
         if "=" not in option:
             raise click.BadParameter(f"{option!r} is not KEY=VALUE", param_hint="--ssh-option")

@@ -12,6 +12,7 @@ one-line usage error.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -78,7 +79,7 @@ def parse_hostfile(path: str, default_slots: int = 1) -> list[Host]:
                 if key == "slots" and sep and value.isdigit():
                     slots = int(value)
                 elif key == "addr" and sep and value:
-                    addr = value
+                    addr = data_address(value, f"{where}: addr=")
                 else:
                     raise ValueError(f"{where}: cannot read {option!r} (expected slots=N or addr=IP)")
             hosts.append(_host(name, slots, addr, where))
@@ -86,6 +87,17 @@ def parse_hostfile(path: str, default_slots: int = 1) -> list[Host]:
         raise ValueError(f"{path}: no hosts")
     _check_unique(hosts)
     return hosts
+
+
+def data_address(text: str, what: str) -> str:
+    """``text`` as a data-plane address: an IPv4 or IPv6 address (brackets allowed). A name
+    would leave the choice of address to the resolver, and a link-local IPv6 address's
+    %interface names an interface of one Mac only."""
+    try:
+        return str(ipaddress.ip_address(text.strip("[]")))
+    except ValueError:
+        raise ValueError(f"{what}{text} is not an IP address (give the address to train over, such as a "
+                         f"Thunderbolt bridge's 169.254.x.x; --data-iface picks it by interface)") from None
 
 
 def _check_unique(hosts: list[Host]) -> None:

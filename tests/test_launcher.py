@@ -135,6 +135,22 @@ def test_bench_allreduce_reduces_shared_tensors_in_place(tmp_path) -> None:
     assert "tensors in shared memory" in proc.stdout
 
 
+def test_a_data_address_that_is_not_this_machine_s_is_named_not_a_traceback(tmp_path) -> None:
+    """addr= in a hostfile (or --data-addr) naming another Mac's address, or an old one: every
+    rank's bind failed, and the agent of the launching Mac died with a traceback, reported as
+    "exited unexpectedly". A name where an address belongs is refused before anything starts."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2 addr=192.0.2.1\n")  # TEST-NET-1: nobody's address
+    job = run_launch("--hostfile", str(hostfile), str(BIN / "behave.py"), "0", "none", timeout=60)
+    assert job.code != 0 and "ready" not in job.stdout, job.output
+    root = job.stderr[job.stderr.index("root cause"):]
+    assert "cannot train over 192.0.2.1" in root and "not an address of this machine" in root, root
+    assert "addr= in the hostfile" in root and "Traceback" not in job.stderr, job.output
+    assert job.seconds < 15
+    job = run_launch("--nproc", "2", "--data-addr", "mini1.local", str(BIN / "behave.py"), "0", "none")
+    assert job.code == 2 and "--data-addr: mini1.local is not an IP address" in job.stderr, job.output
+
+
 def test_a_missing_script_is_a_one_line_error(tmp_path) -> None:
     job = run_launch("--nproc", "2", str(tmp_path / "nope.py"))
     assert job.code == 2

@@ -142,6 +142,12 @@ def test_hostfile_names_the_bad_line(tmp_path) -> None:
     path.write_text("mini1 slots=2\nmini2 slots=two\n")
     with pytest.raises(ValueError, match=r":2: "):
         parse_hostfile(str(path))
+    # the data-plane address is an address: a name (or a typo) is named with its line
+    path.write_text("mini1 addr=[fd00::2]\nmini2 addr=mini2-tb.local\n")
+    with pytest.raises(ValueError, match=r":2: addr=mini2-tb.local is not an IP address"):
+        parse_hostfile(str(path))
+    path.write_text("mini1 addr=[fd00::2]\n")
+    assert parse_hostfile(str(path))[0].addr == "fd00::2"
 
 
 # -- sampler ----------------------------------------------------------------------------------

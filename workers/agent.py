@@ -78,12 +78,20 @@ def _memory_gb() -> float | None:
 
 
 def data_address(spec: AgentSpec) -> str:
-    """Where this host's ranks bind their ring sockets: never all interfaces."""
+    """Where this host's ranks bind their ring sockets: never all interfaces. Raises
+    ``ValueError`` for an address that is not this machine's (``addr=`` in a hostfile, say,
+    naming another Mac's), before any rank tries to bind to it."""
     if spec.data_iface:
         return netaddr.interface_address(spec.data_iface)
-    if spec.data_addr:
-        return spec.data_addr
-    return netaddr.route_source(netaddr.split_endpoint(spec.coordinator)[0])
+    if not spec.data_addr:
+        return netaddr.route_source(netaddr.split_endpoint(spec.coordinator)[0])
+    try:
+        _listening_socket(spec.data_addr).close()
+    except OSError as exc:
+        raise ValueError(f"cannot train over {spec.data_addr}: {exc.strerror or exc}; it is not an address of "
+                         f"this machine ({socket.gethostname()}). Check addr= in the hostfile or --data-addr "
+                         f"(--data-iface picks the address by interface)") from None
+    return spec.data_addr
 
 
 def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: str, master_port: int,
