@@ -223,11 +223,10 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
         if all(a.proc.poll() is not None for a in agents):
             coord.poll(0.05)  # messages the agents sent just before exiting
             break
-    for agent in agents:  # what they wrote last (a rank's traceback), before the report
-        _drained(agent)
         if abort_at is not None and time.monotonic() - abort_at > 2 * cfg.grace_s + 5:
             log("agents did not stop in time; killing them")
             break
+    _drained(agents)  # what they wrote last (a rank's traceback), before the report
     return _result(cfg, coord, interrupted)
 
 
@@ -241,15 +240,17 @@ def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> No
     coord.start_agents(master_addr=coord.hellos[0].get("data_addr") or agents[0].spec.data_addr)
 
 
-def _drained(agent: AgentProc) -> None:
-    """Until the agent's stderr is copied to the end (a child that outlived it and holds the
-    pipe may delay that: at most 2 s)."""
-    if agent.relay is not None:
-        agent.relay.join(timeout=2)
+def _drained(agents: list[AgentProc]) -> None:
+    """Until the agents' stderr is copied to the end: 2 s at most in all (an agent that did not
+    stop, or a child of one that outlived it and holds the pipe)."""
+    deadline = time.monotonic() + 2
+    for agent in agents:
+        if agent.relay is not None:
+            agent.relay.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _agent_lost(agent: AgentProc) -> str:
-    _drained(agent)  # its last words
+    _drained([agent])  # its last words
     code = agent.proc.returncode
     said = next((line for line in reversed(agent.tail) if line.strip()), "")  # a remote one's last words
     if not agent.host.is_local and code == 255:
