@@ -89,8 +89,9 @@ def data_address(spec: AgentSpec) -> str:
         _listening_socket(spec.data_addr).close()
     except OSError as exc:
         raise ValueError(f"cannot train over {spec.data_addr}: {exc.strerror or exc}; it is not an address of "
-                         f"this machine ({socket.gethostname()}). Check addr= in the hostfile or --data-addr "
-                         f"(--data-iface picks the address by interface)") from None
+                         f"this machine ({socket.gethostname()}). It came from addr= in the hostfile, --data-addr, "
+                         f"or this host's name as the launching Mac resolves it: give one of this machine's own "
+                         f"addresses with addr=, or its interface with --data-iface") from None
     return spec.data_addr
 
 
