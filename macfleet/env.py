@@ -46,8 +46,8 @@ this an all-reduce on a ring takes the one-pass latency path; one host's ranks u
 memory for every size), ``MACFLEET_SHM=0`` (no shared memory),
 ``MACFLEET_SHM_SLOT_BYTES`` (shared-memory slot per rank), ``MACFLEET_SHM_OBJECTS`` (``1``:
 segments are POSIX shared-memory objects, the default on macOS; ``0``: files in the agent's
-directory), ``MACFLEET_INLINE_BYTES`` (up to
-this size a collective's host arithmetic runs on its own thread, not on torch's OpenMP team; a
+directory), ``MACFLEET_INLINE_BYTES`` (up to this size a collective's host arithmetic runs on
+its own thread, not on torch's OpenMP team; a
 ring over sockets compares the pieces it adds), ``MACFLEET_ZERO_COPY_BYTES`` (a ring over
 sockets sends pieces at least this large without copying them),
 ``MACFLEET_TIMEOUT`` (seconds a
