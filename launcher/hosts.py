@@ -40,6 +40,9 @@ class Host:
 
 def _host(text: str, slots: int, addr: str | None, where: str) -> Host:
     m = _NAME.match(text)
+    if not m and "%" in text:  # fe80::1%en0: the interface is one of this Mac's, not the others'
+        raise ValueError(f"{where}: {text!r} is a link-local IPv6 address, which names an interface of this Mac "
+                         f"only; give the Mac's name or another address (a Thunderbolt bridge's 169.254.x.x)")
     if not m:
         raise ValueError(f"{where}: {text!r} is not a host name (expected [user@]host)")
     if slots < 1:

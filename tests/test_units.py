@@ -131,6 +131,9 @@ def test_host_lists() -> None:
     for bad in ("a:x", "a,,b", "a:0", "a b", "a,a"):
         with pytest.raises(ValueError):
             parse_hosts(bad)
+    assert parse_hosts("[fd00::2]:2")[0].name == "fd00::2"
+    with pytest.raises(ValueError, match="link-local IPv6 address, which names an interface of this Mac only"):
+        parse_hosts("[fe80::1%en0]:2")
 
 
 def test_hostfile_names_the_bad_line(tmp_path) -> None:
