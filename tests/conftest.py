@@ -65,6 +65,15 @@ def job_processes() -> list[str]:
             if "macfleet.workers" in line or "macfleet.launcher.cli" in line]
 
 
+def shm_scratch() -> list[str]:
+    """What jobs keep in /dev/shm: the agents' per-job directories (error files, shared-memory
+    segments), and segments made as macOS makes them (MACFLEET_SHM_OBJECTS=1: glibc's shm_open
+    puts them in /dev/shm)."""
+    import glob
+
+    return glob.glob("/dev/shm/macfleet-*") + glob.glob("/dev/shm/mf-*")
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes(request):
     """Every test must leave no process of a job behind; give exiting ones a moment to be reaped.
@@ -82,11 +91,7 @@ def no_leftover_processes(request):
         except (ProcessLookupError, ValueError):
             pass
     assert not left, f"processes left behind: {left}"
-    import glob
-
-    # per-job scratch (error files, shared-memory segments), and segments made as macOS makes
-    # them (MACFLEET_SHM_OBJECTS=1: glibc's shm_open puts them in /dev/shm)
-    segments = glob.glob("/dev/shm/macfleet-*") + glob.glob("/dev/shm/mf-*")
+    segments = shm_scratch()
     for path in segments:
         subprocess.run(["rm", "-rf", path])
     assert not segments, f"shared memory left behind: {segments}"
