@@ -213,7 +213,7 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
                 log(coord.ring_table())
         for index, agent in enumerate(agents):
             if agent.proc.poll() is not None and index not in coord.agents_done and coord.aborted is None:
-                coord.fail(Failure(time.time(), _agent_lost(agent)))
+                coord.fail(Failure(time.time(), _agent_lost(agent, reached=index in coord.hellos)))
             if f"agent-{index}" in coord.lost and agent.proc.poll() is None:
                 # Unreachable: nothing we send arrives. Its agent stops its ranks by itself when we
                 # fall silent; waiting on the ssh connection would only delay the report.
@@ -249,18 +249,32 @@ def _drained(agents: list[AgentProc]) -> None:
             agent.relay.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _agent_lost(agent: AgentProc) -> str:
+def _agent_lost(agent: AgentProc, reached: bool) -> str:
+    """Why an agent ended before the job did. ``reached``: it had said hello, so ssh worked."""
     _drained([agent])  # its last words
     code = agent.proc.returncode
     said = next((line for line in reversed(agent.tail) if line.strip()), "")  # a remote one's last words
-    if not agent.host.is_local and code == 255:
-        return f"cannot reach {agent.host.ssh_target} over ssh: {said or 'no message'}"
     if said.startswith("macfleet agent"):
         return said  # it refused, and said why
+    if code < 0:  # a local agent, killed by a signal
+        return f"the agent on {agent.host.name} was killed by {_signal_name(-code)}"
+    if not agent.host.is_local and code == 255:  # ssh's own failure, or its command killed by a signal
+        if not reached:
+            return f"cannot reach {agent.host.ssh_target} over ssh: {said or 'no message'}"
+        return (f"the agent on {agent.host.name} ended without a word after it had started (killed by a signal, "
+                f"such as macOS ending processes when memory runs out, or its ssh connection closed)"
+                + (f": {said}" if said else ""))
     lost = f"the agent on {agent.host.name} exited unexpectedly (code {code})" + (f": {said}" if said else "")
     if code == 127:  # the remote shell found no such program
         lost += f" (is --python {agent.spec.python} right for that host?)"
     return lost
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _result(cfg: LaunchConfig, coord: Coordinator, interrupted: list[int]) -> int:

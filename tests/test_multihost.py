@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import BIN, MNIST, Job, job_processes, kill_group, launch_command, run_launch
+from test_faults import RunningJob
 from test_training import STEPS, reference_parameters
 
 BEHAVE = str(BIN / "behave.py")
@@ -251,6 +252,25 @@ def test_an_unreachable_host_is_reported_within_the_connect_timeout(sshd) -> Non
     assert job.code != 0
     assert "cannot reach 127.0.0.9 over ssh" in job.stderr
     assert job.seconds < 5 + 15
+
+
+def test_a_remote_agent_killed_is_not_reported_as_unreachable(sshd) -> None:
+    """ssh exits with 255 when it cannot connect and when its command is killed by a signal
+    (macOS ending a process when memory runs out, say). The report said "cannot reach 127.0.0.3
+    over ssh: no message" for both; an agent that had said hello was reached."""
+    job = RunningJob("--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(), BEHAVE, "-1", "hang", ranks=2)
+    try:
+        agent = int(subprocess.run(["ps", "-o", "ppid=", "-p", str(job.pids[1])], capture_output=True, text=True,
+                                   check=True).stdout)  # rank 1's parent: the agent on 127.0.0.3
+        os.kill(agent, signal.SIGKILL)
+        code, err, seconds = job.wait(30)
+    finally:
+        job.close()
+    cause = err[err.index("root cause"):]
+    assert code != 0
+    assert "the agent on 127.0.0.3 ended without a word after it had started" in cause, cause
+    assert "cannot reach" not in cause
+    assert seconds < 15
 
 
 def test_killing_the_launcher_leaves_no_process_on_any_host(sshd) -> None:
