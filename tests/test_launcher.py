@@ -58,6 +58,17 @@ def test_a_rank_killed_by_a_signal_is_reported_by_name() -> None:
     assert "rank 0" in job.stderr and "SIGKILL" in job.stderr
 
 
+def test_a_crash_in_native_code_is_reported_with_the_script_s_line() -> None:
+    """A segfault in an extension (or Metal aborting the process) raises no Python exception
+    and writes no error file: the report named the signal and nothing else."""
+    job = run_launch("--nproc", "2", BEHAVE, "1", "segfault", timeout=60)
+    assert job.code == 128 + signal.SIGSEGV, job.output
+    report = job.stderr[job.stderr.index("root cause"):]
+    assert "rank 1 (host localhost" in report and "SIGSEGV" in report
+    crash = next(n for n, line in enumerate(open(BEHAVE), 1) if "string_at(0)" in line)
+    assert f'behave.py", line {crash} in <module>' in report, report
+
+
 def test_ctrl_c_stops_every_process_of_the_job() -> None:
     proc = subprocess.Popen(launch_command("--nproc", "2", BEHAVE, "-1", "hang"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)

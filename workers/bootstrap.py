@@ -10,6 +10,7 @@ script imports it.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import importlib.util
 import os
@@ -27,6 +28,10 @@ def main() -> None:
     module = sys.argv[2] if sys.argv[1] == "-m" and len(sys.argv) > 2 else None
     # inherited by the script's subprocesses, which macfleet.init() then tells from the rank itself
     os.environ["MACFLEET_RANK_PID"] = str(os.getpid())
+    # A crash below Python (a segfault in a native extension, Metal's assertions aborting the
+    # process) prints every thread's Python stack on stderr, whose last lines the report shows,
+    # before the process dies of its signal as it would have: the line of the script that did it.
+    faulthandler.enable()
     script = os.path.abspath(sys.argv[1])
     code: object = 0
     try:

@@ -2,7 +2,7 @@
 
 Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by MODE
 (``raise``, ``exit3``, ``sigkill``, ``sigkill-holding-segment``: killed between creating a
-shared-memory segment and unlinking it, ``early``: shut down and exit 0, ``no-init``: exit 0
+shared-memory segment and unlinking it, ``segfault``: a crash in native code, ``early``: shut down and exit 0, ``no-init``: exit 0
 before ``macfleet.init()``, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
 (until stopped). ``env`` prints the environment contract as this rank sees it.
@@ -52,6 +52,9 @@ if rank == fail_rank:
         Segments(os.environ["MACFLEET_SHM_DIR"], use_objects()).create("shm-left-by-a-crash", 1 << 20)
         print(f"holding {object_name('shm-left-by-a-crash')}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "segfault":  # as a native library's bug does: no Python exception, no error file
+        import ctypes
+        ctypes.string_at(0)
     if mode == "early":  # a clean finish, while the others still have collectives to do
         macfleet.shutdown()
         sys.exit(0)
