@@ -26,6 +26,7 @@ class Failure:
     reason: str
     rank: int | None = None
     exit: WorkerExit | None = None
+    detail: str = ""  # printed under the reason (where a stalled rank's threads are)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class Coordinator:
         self.devices: dict[int, str] = {}  # rank -> the device it trains on, from registrations
         self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
+        self.stacks: dict[int, str] = {}  # rank -> where its threads were when a stall was reported
         self.last_ops: dict[int, int] = {}  # rank -> the last collective it drew, sent when it shut down
         self.waits: dict[int, tuple[float, float]] = {}  # rank -> (seconds it waited on the others, seconds it ran)
         self.speeds: dict[int, float] = {}  # rank -> its share of a step's samples per second of its work in one
@@ -129,6 +131,7 @@ class Coordinator:
             protocol.BYE: self._on_bye,
             protocol.BEAT: self._on_beat,
             protocol.REPORT: self._on_report,
+            protocol.STACKS: self._on_stacks,
         }.get(kind)
         if handler is None:
             raise wire.BadMessage(f"unknown kind {kind!r}")
@@ -240,9 +243,14 @@ class Coordinator:
         if self._stall_reported is None:
             self._stall_reported = reason
             self.log(f"stall: {reason}")
+            for r in suspects:  # what keeps them: each answers with its threads' stacks (_on_stacks)
+                self.send(f"rank-{r}", protocol.STACKS)
         longest = max(self._waited(self.status[r], now) for r in waiting)
         if self.stall_action == "abort" and longest > 2 * self.stall_timeout_s:
-            self.fail(Failure(time.time(), f"stalled: {reason}", suspects[0] if suspects else None))
+            suspect = suspects[0] if suspects else None
+            where = self.stacks.get(suspect, "") if suspect is not None else ""
+            self.fail(Failure(time.time(), f"stalled: {reason}", suspect,
+                              detail=f"rank {suspect} was at:\n{where}" if where else ""))
 
     def _data_moving(self, now: float) -> bool:
         """Whether data reached some rank within the stall timeout. Every collective needs every
@@ -253,6 +261,12 @@ class Coordinator:
         return any(st.get("quiet_s") is not None and st["quiet_s"] < self.stall_timeout_s
                    and now - st["at"] < 2 * protocol.HEARTBEAT_S
                    for rank, st in self.status.items() if rank not in self.exits)
+
+    def _on_stacks(self, msg: dict[str, Any], peer: Peer) -> None:
+        rank, text = msg.get("rank"), msg.get("text")
+        if isinstance(rank, int) and isinstance(text, str) and rank not in self.stacks:
+            self.stacks[rank] = text
+            self.log(f"rank {rank} ({self.hosts.get(rank, '?')}) is at:\n{_indent(text)}")
 
     def _on_report(self, msg: dict[str, Any], peer: Peer) -> None:
         rank = msg.get("rank")
@@ -390,6 +404,10 @@ class Coordinator:
 
     def close(self) -> None:
         self.socket.close(linger=0)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
 
 
 def _fewer_steps(op: str) -> str:

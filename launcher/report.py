@@ -25,6 +25,7 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
             lines += ["  " + line for line in root.exit.tail]
     else:
         lines.append("  " + root.reason)
+        lines += ["  " + line for line in root.detail.splitlines()]
     others = []
     for rank in range(world_size if exits else 0):  # no exits: no rank ever started
         e = exits.get(rank)

@@ -17,6 +17,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -201,6 +202,39 @@ def runtime() -> Runtime:
     return _runtime if _runtime is not None else init()
 
 
+def _stacks(frames_per_thread: int = 10, max_bytes: int = 12 << 10) -> str:
+    """Where this rank's threads are, as a traceback shows it: the main thread (the script's)
+    first, each thread's innermost frames, from the script's own outermost one on (not the
+    bootstrap's that run it); macfleet's own threads left out. For the stall report, when the
+    others wait for this rank in a collective it is not in: a data loader that never returns,
+    a lock, an ``input()``. Cut to ``max_bytes``: a control message's header holds 16 KiB."""
+    frames = sys._current_frames()
+    threads = sorted(threading.enumerate(), key=lambda t: t is not threading.main_thread())
+    parts = []
+    for thread in threads:
+        frame = frames.get(thread.ident or 0)
+        if frame is None or thread.name.startswith("macfleet-"):
+            continue
+        chain = []
+        while frame is not None:
+            chain.append(frame)
+            frame = frame.f_back
+        chain.reverse()  # outermost first
+        while len(chain) > 1 and _runs_the_script(chain[0]):
+            chain.pop(0)
+        summary = traceback.StackSummary.extract((f, f.f_lineno) for f in chain[-frames_per_thread:])
+        parts.append(f"thread {thread.name} (most recent call last):\n" + "".join(summary.format()).rstrip())
+    text = "\n".join(parts).encode()
+    return text.decode() if len(text) <= max_bytes else text[:max_bytes].decode(errors="ignore") + "\n..."
+
+
+def _runs_the_script(frame: Any) -> bool:
+    """A frame of what starts the script (runpy, macfleet's bootstrap), not of the script."""
+    spec = frame.f_globals.get("__spec__")
+    return frame.f_globals.get("__name__") == "runpy" or frame.f_code.co_filename == "<frozen runpy>" or \
+        getattr(spec, "name", None) == "macfleet.workers.bootstrap"
+
+
 def _in_debugger() -> bool:
     """Whether the script's main thread is stopped in pdb (or stepping under it): the others
     then wait for this rank for as long as someone debugs it, which the launcher's stall report
@@ -337,6 +371,8 @@ class _ControlThread(threading.Thread):
                     self.liveness.abort(str(msg.get("reason", "aborted")), rank if rank != self.env.rank else None)
                 elif msg.get("kind") == protocol.HOLD:
                     self.liveness.held = bool(msg.get("on"))
+                elif msg.get("kind") == protocol.STACKS:  # the others wait for us, and we are elsewhere
+                    self.client.send(protocol.STACKS, rank=self.env.rank, text=_stacks())
                 else:
                     self.inbox.put(msg)
         finally:

@@ -101,6 +101,22 @@ def test_a_stopped_rank_is_reported_then_aborted(job_of_three) -> None:
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="looks for the object in /dev/shm (Linux)")
+def test_a_live_rank_that_keeps_the_others_waiting_is_shown_where_it_is() -> None:
+    """Horovod's stall report names the rank; the user's next question is what it is doing.
+    The rank's threads' stacks come with the report, and with the root cause."""
+    job = run_launch("--nproc", "3", "--stall-timeout", "2", BEHAVE, "1", "stuck", timeout=60)
+    assert job.code != 0
+    stall = job.stderr.index("stall: rank 1 (localhost) made no progress for over 2 s; ranks 0, 2 are waiting")
+    stuck = next(n for n, line in enumerate(open(BEHAVE), 1) if "time.sleep(0.05)" in line)
+    where = f'behave.py", line {stuck}, in next_batch'
+    assert where in job.stderr[stall:job.stderr.index("root cause")], job.stderr
+    cause = job.stderr[job.stderr.index("root cause"):]
+    assert "stalled: rank 1 (localhost) made no progress" in cause and "rank 1 was at:" in cause
+    assert where in cause and "thread MainThread" in cause
+    assert "macfleet-" not in cause and "bootstrap.py" not in cause  # macfleet's own threads and frames
+    assert job.seconds < 2 * 2 + 15
+
+
 def test_a_shared_memory_object_a_killed_rank_held_is_released() -> None:
     """Segments made as on macOS (POSIX objects, which outlive their processes until the Mac
     restarts): a rank killed between creating one and unlinking it leaves it to its agent."""

@@ -2,7 +2,8 @@
 
 Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by MODE
 (``raise``, ``exit3``, ``sigkill``, ``sigkill-holding-segment``: killed between creating a
-shared-memory segment and unlinking it, ``segfault``: a crash in native code, ``early``: shut down and exit 0, ``no-init``: exit 0
+shared-memory segment and unlinking it, ``segfault``: a crash in native code, ``stuck``:
+alive but never back from a data loader, ``early``: shut down and exit 0, ``no-init``: exit 0
 before ``macfleet.init()``, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
 (until stopped). ``env`` prints the environment contract as this rank sees it.
@@ -16,10 +17,19 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 
 import macfleet
+
+
+
+def next_batch() -> None:
+    """A data loader that never returns: its process is alive, and joins no collective."""
+    while True:
+        time.sleep(0.05)
+
 
 fail_rank, mode = int(sys.argv[1]), sys.argv[2]
 if mode == "no-init" and int(os.environ["RANK"]) == fail_rank:  # finishes without ever joining
@@ -55,6 +65,8 @@ if rank == fail_rank:
     if mode == "segfault":  # as a native library's bug does: no Python exception, no error file
         import ctypes
         ctypes.string_at(0)
+    if mode == "stuck":
+        next_batch()
     if mode == "early":  # a clean finish, while the others still have collectives to do
         macfleet.shutdown()
         sys.exit(0)
