@@ -205,14 +205,22 @@ def bench() -> None:
 def bench_allreduce(sizes: str, dtype: str, budget: float, shared_tensors: bool, json_path: str | None,
                     **hosts: Any) -> None:
     """Time macfleet's all-reduce and gloo's on the same processes and tensors, side by side."""
-    from macfleet.launcher.bench import run_bench
+    from macfleet.launcher.bench import parse_size, run_bench
 
-    for size in sizes.split(","):
-        if not size.strip() or not size.strip().rstrip("KMGkmgBbIi").replace(".", "", 1).isdigit():
-            raise click.BadParameter(f"{size!r} is not a size like 4K, 16M or 1G", param_hint="--sizes")
+    itemsize = 4 if dtype == "float32" else 2
+    for text in sizes.split(","):
+        try:
+            size = parse_size(text)
+        except ValueError:
+            raise click.BadParameter(f"{text!r} is not a size like 4K, 16M or 1G", param_hint="--sizes") from None
+        if size < itemsize:
+            raise click.BadParameter(f"{text!r} is less than one {dtype} element ({itemsize} bytes)",
+                                     param_hint="--sizes")
     cfg = make_config("-m", ["macfleet.workers.benchallreduce", "--sizes", sizes, "--dtype", dtype,
                              "--budget", str(budget), *(["--shared-tensors"] if shared_tensors else [])],
                       device="cpu", **hosts)
+    if cfg.world_size < 2:
+        raise click.UsageError("an all-reduce needs at least 2 ranks: give --nproc 2 or more, or several hosts")
     sys.exit(run_bench(cfg, json_path))
 
 

@@ -134,6 +134,21 @@ def test_bench_allreduce_prints_both_libraries_side_by_side(tmp_path) -> None:
     assert re.findall(r"^\[rank 0\] (\w+): macfleet [\d.]+ ms, gloo [\d.]+ ms$", proc.stderr, re.M) == ["4K", "256K"]
 
 
+def test_bench_allreduce_refuses_what_it_cannot_measure() -> None:
+    """One rank was a traceback from deep in the worker; sizes under one element were measured
+    as one element and printed as 4B."""
+    for args, wanted in ((["--nproc", "1"], "needs at least 2 ranks"), ([], "needs at least 2 ranks"),
+                         (["--nproc", "2", "--sizes", "4K,3"], "'3' is less than one float32 element (4 bytes)"),
+                         (["--nproc", "2", "--sizes", "0"], "less than one float32 element"),
+                         (["--nproc", "2", "--sizes", "1", "--dtype", "bfloat16"], "less than one bfloat16 element"),
+                         (["--nproc", "2", "--sizes", "4X"], "'4X' is not a size"),
+                         (["--nproc", "2", "--sizes", "infK"], "'infK' is not a size")):
+        proc = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "bench", "allreduce", *args],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and wanted in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
 def test_bench_allreduce_reduces_shared_tensors_in_place(tmp_path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "bench", "allreduce", "--nproc", "3", "--sizes",

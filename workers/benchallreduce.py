@@ -18,16 +18,11 @@ import torch
 import torch.distributed as dist
 
 import macfleet
+from macfleet.launcher.bench import parse_size
 from macfleet.runtime import host_tensor, report, runtime
 
 BLOCK = 8  # timed calls of one library before the other's turn
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
 
 
 def timed(fns: list[Callable[[torch.Tensor], object]], tensor: torch.Tensor,
