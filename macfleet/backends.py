@@ -6,8 +6,9 @@ and RNG state, events recorded on the device and waited for on the host, and cop
 device tensors and reusable host buffers (blocking on MPS; queued on a side stream on CUDA).
 
 The MPS implementation follows shared/reference/mps-facts.md: no float64, no pinned memory,
-blocking copies only, events always recorded before they are synchronized, and every
-``torch.mps`` feature looked up rather than assumed from a version number. The CUDA
+blocking copies only, events always recorded before they are waited for (and waited for by
+asking, ``PolledEvent``: torch's MPS synchronize keeps the GIL), and every ``torch.mps``
+feature looked up rather than assumed from a version number. The CUDA
 implementation runs the same code path on the device machine, which is how the MPS path is
 exercised without a Mac.
 """
@@ -15,6 +16,7 @@ exercised without a Mac.
 from __future__ import annotations
 
 import random
+import time
 import weakref
 from typing import Any, Protocol
 
@@ -34,6 +36,24 @@ class _Done:
 
     def synchronize(self) -> None:
         return None
+
+
+class PolledEvent:
+    """A device event the host waits for by asking, so that the waiting thread holds the GIL
+    only for each question. torch's MPS binding keeps the GIL while ``synchronize`` blocks
+    (``_mps_synchronizeEvent`` has no GIL release; CUDA's has one). DataParallel's bucket
+    thread waiting for backward's gradients would then stop the thread that runs backward at
+    its next Python hook, and the GPU would run dry until the event came. ``query`` returns at
+    once; between questions the thread sleeps, 20 us at first, doubling up to 1 ms."""
+
+    def __init__(self, event: Any) -> None:
+        self.event = event
+
+    def synchronize(self) -> None:
+        pause = 20e-6
+        while not self.event.query():
+            time.sleep(pause)  # gives up the GIL
+            pause = min(2 * pause, 1e-3)
 
 
 class Device:
@@ -225,8 +245,8 @@ class MpsDevice(Device):
             torch.mps.synchronize()
             return _Done()
         event = event_cls()
-        event.record()
-        return event
+        event.record()  # commits the command buffer: the event will signal without further help
+        return PolledEvent(event)
 
 
 def mps_available() -> bool:

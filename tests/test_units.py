@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gzip
 import os
 import pty
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 
 from conftest import MNIST
 from macfleet import ConfigError, hostops, netaddr, wire
-from macfleet.backends import MpsDevice, check_tensor
+from macfleet.backends import MpsDevice, PolledEvent, check_tensor
 from macfleet.env import WorkerEnv
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
 from macfleet.launcher.report import pace_report
@@ -361,6 +362,36 @@ def test_the_pace_line_sums_up_a_large_job() -> None:
     listed, pace = pace_report(waits, dict.fromkeys(range(16), "a"), 16)
     assert "least 2% (rank 7)" in listed and "most 45% (rank 15)" in listed and "rank 9 " not in listed
     assert pace.startswith("rank 7 sets the pace")
+
+
+def test_waiting_for_a_device_event_leaves_other_threads_running() -> None:
+    """torch's MPS event ``synchronize`` blocks in C holding the GIL, so DataParallel's bucket
+    thread waiting for a gradient stopped the thread that runs backward. Metal cannot run here:
+    the stand-in keeps MPS's contract (``query`` True once the work before the event is done;
+    ``synchronize`` blocks holding the GIL, as ctypes.PyDLL calls do) and the thread running
+    backward is a Python loop, which must never wait long for the GIL."""
+    libc = ctypes.PyDLL(None)
+
+    class Event:  # signals 0.3 s after it is recorded
+        def __init__(self) -> None:
+            self.done_at = time.monotonic() + 0.3
+
+        def query(self) -> bool:
+            return time.monotonic() >= self.done_at
+
+        def synchronize(self) -> None:
+            libc.usleep(int(max(0.0, self.done_at - time.monotonic()) * 1e6))
+
+    event = Event()
+    waiter = threading.Thread(target=PolledEvent(event).synchronize)
+    longest, last = 0.0, time.monotonic()
+    waiter.start()
+    while waiter.is_alive():
+        now = time.monotonic()  # needs the GIL, as an autograd hook does
+        longest, last = max(longest, now - last), now
+    waiter.join()
+    assert time.monotonic() >= event.done_at  # not back before the work was done
+    assert longest < 0.1, f"the loop waited {longest:.3f} s for the GIL"
 
 
 def test_float64_is_refused_for_mps_by_name() -> None:

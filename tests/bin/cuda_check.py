@@ -3,13 +3,14 @@
 Checks on every rank, printing one line of JSON: collectives on CUDA tensors (exact), the
 DataParallel oracle on CUDA against a CPU run of the whole batch (one model, two in one
 backward, a model fine-tuned with layers unfrozen and a new head after wrapping, and
-``torch.compile`` of the wrapper with inductor), memory reports and the cache given back, and
-the memory fraction.
+``torch.compile`` of the wrapper with inductor), memory reports and the cache given back, the
+memory fraction, and ``PolledEvent`` (how MPS events are waited for) on a real device event.
 """
 
 import gc
 import json
 import sys
+import time
 
 import torch
 from torch import nn
@@ -31,6 +32,17 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
         want = ((torch.arange(numel) % 5).double() * world + sum(range(world))).to(dtype)
         ok = ok and bool(torch.equal(t.cpu(), want)) and t.device.type == "cuda"
     out[f"all_reduce_{dtype}"] = ok
+# MPS's way of waiting for an event (PolledEvent) on a real device event: back only once the
+# work before it is done
+from macfleet.backends import PolledEvent  # noqa: E402
+
+torch.cuda.synchronize()
+started = time.monotonic()
+torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU clock cycles
+event = torch.cuda.Event()
+event.record()
+PolledEvent(event).synchronize()
+out["polled_event"] = bool(event.query()) and time.monotonic() - started > 0.05
 b = torch.full((7,), float(rank), device=dev)
 macfleet.broadcast(b, 1 % world)
 out["broadcast"] = bool((b.cpu() == 1 % world).all())
