@@ -264,7 +264,7 @@ class Coordinator:
 
     def _on_stacks(self, msg: dict[str, Any], peer: Peer) -> None:
         rank, text = msg.get("rank"), msg.get("text")
-        if isinstance(rank, int) and isinstance(text, str) and rank not in self.stacks:
+        if isinstance(rank, int) and isinstance(text, str):  # asked once per stall reported
             self.stacks[rank] = text
             self.log(f"rank {rank} ({self.hosts.get(rank, '?')}) is at:\n{_indent(text)}")
 
