@@ -46,6 +46,7 @@ class Coordinator:
         self.stall_timeout_s, self.stall_action, self.log = stall_timeout_s, stall_action, log
         self.status: dict[int, dict[str, Any]] = {}  # rank -> its last heartbeat's progress report
         self._stall_reported: str | None = None
+        self._next_exchange_note = 0.0  # when a long exchange may be mentioned again
         self._held = False  # whether the ranks were told that one of them is in a debugger
         self._hold_ended: float | None = None  # when the last debugging ended
         self.world_size, self.num_agents = world_size, num_agents
@@ -215,6 +216,7 @@ class Coordinator:
         waiting = self._waiting_for(now, self.stall_timeout_s)
         if not waiting or self._data_moving(now):
             self._stall_reported = None
+            self._note_long_exchange(waiting, now)
             return
         live = [r for r in range(self.world_size) if r not in self.exits]
         suspects = [r for r in live if r not in waiting]
@@ -251,6 +253,23 @@ class Coordinator:
             where = self.stacks.get(suspect, "") if suspect is not None else ""
             self.fail(Failure(time.time(), f"stalled: {reason}", suspect,
                               detail=f"rank {suspect} was at:\n{where}" if where else ""))
+
+    def _note_long_exchange(self, waiting: dict[int, dict[str, Any]], now: float) -> None:
+        """A collective that has lasted over the stall timeout while data keeps arriving is no
+        stall (a big model's first broadcast over Wi-Fi), but a terminal silent for minutes
+        looks like a hang: say so, once a stall timeout."""
+        if not waiting:
+            self._next_exchange_note = 0.0
+            return
+        if now < self._next_exchange_note:
+            return
+        self._next_exchange_note = now + self.stall_timeout_s
+        many = len(waiting) > 1
+        op = next(iter(waiting.values()))
+        longest = max(self._waited(self.status[r], now) for r in waiting)
+        self.log(f"rank{'s' if many else ''} {', '.join(str(r) for r in sorted(waiting))} "
+                 f"{'have' if many else 'has'} been in {op.get('op')} (op {op.get('id')}) for {longest:.0f} s, "
+                 f"and data keeps arriving: a large exchange over a slow link")
 
     def _data_moving(self, now: float) -> bool:
         """Whether data reached some rank within the stall timeout. Every collective needs every

@@ -79,10 +79,15 @@ def test_a_rank_that_ends_right_after_sending_still_delivers_it(netns_hosts) -> 
 def test_a_long_exchange_over_a_slow_link_is_not_a_stall(netns_hosts) -> None:
     """48 MiB take about 4 s at 100 Mbit/s, far over the 1 s stall timeout, with data arriving
     all along: the stall report used to name rank 0 ("made no progress") and abort the job at
-    2 s, as it would a big model's first broadcast over Wi-Fi at the default 60 s."""
+    2 s, as it would a big model's first broadcast over Wi-Fi at the default 60 s. Nor may the
+    launcher stay silent all that time."""
     job = broadcast_over_a_slow_link(netns_hosts, 48 << 20, stall_timeout_s=1)
     assert job.code == 0, job.output
     assert "received every byte" in job.stdout and "stall" not in job.stderr, job.output
+    # a silent terminal looks like a hang: the launcher says what goes on, once a stall timeout
+    notes = re.findall(r"^macfleet: rank 1 has been in broadcast \(op 1\) for (\d+) s, and data keeps arriving",
+                       job.stderr, re.M)
+    assert len(notes) >= 2 and notes == sorted(notes, key=int), job.stderr
 
 
 def test_the_torch_store_says_nothing_about_hosts_without_dns_names(netns_hosts) -> None:
