@@ -49,12 +49,26 @@ def test_mnist_example_learns_in_one_epoch_on_two_processes(tmp_path, more: list
     job = run_launch("--nproc", "2", str(MNIST), "--epochs", "1", "--train-url", str(tmp_path), *more, env=env,
                      timeout=300)
     assert job.code == 0, job.output
-    assert "generated digits" in job.stdout  # says which data it used
+    assert "no --data-url; using generated digits" in job.stdout  # says which data it used
     assert f"global batch {64 * (4 if '--shares' in more else 2)}" in job.stdout
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["world_size"] == 2
     assert metrics["final_test_accuracy"] >= 0.9
     assert (tmp_path / "model.pt").exists()
+
+
+def test_mnist_example_refuses_data_it_cannot_train_on(tmp_path) -> None:
+    """A mistyped --data-url trained on generated digits instead, with one log line to say so;
+    a batch larger than a rank's shard (drop_last) trained on nothing and reported accuracy 0.10."""
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(b"")
+    for args, wanted in ((["--data-url", str(tmp_path / "nothere")], "does not exist"),
+                         (["--data-url", str(tmp_path)], "lacks train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+                                                         "t10k-labels-idx1-ubyte"),
+                         (["--batch-size", "7000"], "rank 0's 6000 samples per epoch make no full batch of 7000")):
+        job = run_launch("--nproc", "2", str(MNIST), "--epochs", "1", *args, timeout=120)
+        assert job.code == 2, (args, job.output)
+        assert wanted in job.stderr[job.stderr.index("root cause"):], (args, job.stderr)
+        assert "epoch 1/1" not in job.stdout
 
 
 def test_mnist_example_refuses_a_train_url_it_cannot_write_before_training(tmp_path) -> None:

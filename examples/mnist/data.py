@@ -1,6 +1,7 @@
 """MNIST for the example: real IDX files when there are some, generated digits when not.
 
-- ``load_idx_dir(dir)`` reads the four MNIST IDX files (raw or ``.gz``) from ``dir``.
+- ``load_idx_dir(dir)`` reads the four MNIST IDX files (raw or ``.gz``) from ``dir``;
+  ``missing(dir)`` names those that are not there.
 - ``download(dir)`` fetches them, checking each file's MD5 before it is kept.
 - ``synthetic_digits(n, seed)`` draws 28x28 digits from stroke templates with random
   slant, scale, position, thickness and noise, so the example runs with no network and no
@@ -49,6 +50,11 @@ def _find(directory: str, name: str) -> str | None:
         if os.path.exists(path):
             return path
     return None
+
+
+def missing(directory: str) -> list[str]:
+    """The MNIST files ``directory`` lacks (all four if it does not exist)."""
+    return [name for name in FILES if _find(directory, name) is None]
 
 
 def load_idx_dir(directory: str) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:

@@ -5,7 +5,8 @@
     macfleet launch --hosts mac1:2,mac2:2 examples/mnist/train.py      # four processes, two Macs
 
 Data: ``--data-url DIR`` with the four MNIST IDX files (raw or .gz); ``--download`` fetches
-them into DIR first. Without them the example trains on generated digits, so it runs offline.
+them into DIR first, and a DIR without them is an error. Without ``--data-url`` the example
+trains on generated digits, so it runs offline.
 ``--train-url DIR`` receives ``checkpoint.pt`` (every epoch, and every ``--checkpoint-every``
 steps), the final ``model.pt`` and ``metrics.json``. Under ``macfleet launch --max-restarts N``
 a restarted job resumes from ``checkpoint.pt`` (``--resume`` does the same by hand).
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import macfleet
-from data import download, load_idx_dir, synthetic_digits
+from data import download, load_idx_dir, missing, synthetic_digits
 
 # -----------------------------------------------------------------------------
 # config
@@ -91,19 +92,24 @@ def log(*parts):
 if args.data_url and args.download and macfleet.local_rank() == 0:
     download(args.data_url)
 macfleet.barrier()  # nobody reads the files before they are complete
-mnist = load_idx_dir(args.data_url) if args.data_url else None
-if mnist is not None:
-    (x_train, y_train), (x_test, y_test) = mnist
+if args.data_url:  # asked for MNIST: generated digits instead would be a silent substitute
+    if missing(args.data_url):
+        where = "does not exist" if not os.path.isdir(args.data_url) else f"lacks {', '.join(missing(args.data_url))}"
+        parser.error(f"--data-url {args.data_url} {where}: it takes the four MNIST IDX files, raw or .gz "
+                     f"(--download fetches them there)")
+    (x_train, y_train), (x_test, y_test) = load_idx_dir(args.data_url)
     log(f"data: MNIST from {args.data_url} ({len(x_train)} train, {len(x_test)} test)")
 else:
     x_train, y_train = synthetic_digits(12_000, seed=1)
     x_test, y_test = synthetic_digits(2_000, seed=2)
-    log(f"data: no MNIST files{' in ' + args.data_url if args.data_url else ''}; "
-        f"using generated digits ({len(x_train)} train, {len(x_test)} test)")
+    log(f"data: no --data-url; using generated digits ({len(x_train)} train, {len(x_test)} test)")
 train_set = torch.utils.data.TensorDataset(x_train, y_train)
 sampler = macfleet.DistributedSampler(train_set, shuffle=True, seed=args.seed, shares=shares)
 # num_workers=0: macOS DataLoader workers are spawned processes, and this data is in memory anyway
 loader = torch.utils.data.DataLoader(train_set, batch_size=batch_size, sampler=sampler, drop_last=True)
+if len(loader) == 0:  # drop_last: not one full batch, and an epoch would train nothing
+    parser.error(f"--batch-size {args.batch_size}: rank {rank}'s {len(sampler)} samples per epoch make no full batch "
+                 f"of {batch_size}")
 
 
 # -----------------------------------------------------------------------------
