@@ -57,14 +57,17 @@ def test_mnist_example_learns_in_one_epoch_on_two_processes(tmp_path, more: list
     assert (tmp_path / "model.pt").exists()
 
 
-def test_mnist_example_refuses_data_it_cannot_train_on(tmp_path) -> None:
+def test_mnist_example_refuses_what_it_cannot_do(tmp_path) -> None:
     """A mistyped --data-url trained on generated digits instead, with one log line to say so;
-    a batch larger than a rank's shard (drop_last) trained on nothing and reported accuracy 0.10."""
+    a batch larger than a rank's shard (drop_last) trained on nothing and reported accuracy 0.10;
+    --resume without --train-url started afresh; --checkpoint-every -1 checkpointed every step."""
     (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(b"")
     for args, wanted in ((["--data-url", str(tmp_path / "nothere")], "does not exist"),
                          (["--data-url", str(tmp_path)], "lacks train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
                                                          "t10k-labels-idx1-ubyte"),
-                         (["--batch-size", "7000"], "rank 0's 6000 samples per epoch make no full batch of 7000")):
+                         (["--batch-size", "7000"], "rank 0's 6000 samples per epoch make no full batch of 7000"),
+                         (["--resume"], "give --train-url too"),
+                         (["--checkpoint-every", "-1"], "must be 0 or more, not -1")):
         job = run_launch("--nproc", "2", str(MNIST), "--epochs", "1", *args, timeout=120)
         assert job.code == 2, (args, job.output)
         assert wanted in job.stderr[job.stderr.index("root cause"):], (args, job.stderr)

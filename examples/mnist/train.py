@@ -33,6 +33,13 @@ def positive(text):
     return value
 
 
+def not_negative(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--data-url", default=None, help="directory holding (or receiving) the MNIST IDX files")
 parser.add_argument("--download", action="store_true", help="fetch MNIST into --data-url if missing")
@@ -44,12 +51,14 @@ parser.add_argument("--epochs", type=positive, default=15)
 parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
 parser.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
 parser.add_argument("--device", default=None, help="auto, mps, cuda or cpu (default: the launcher's choice)")
-parser.add_argument("--checkpoint-every", type=int, default=0, help="also checkpoint every N steps (0: per epoch only)")
+parser.add_argument("--checkpoint-every", type=not_negative, default=0, help="also checkpoint every N steps (0: per epoch only)")
 parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --train-url")
 parser.add_argument("--amp", action="store_true", help="bfloat16 autocast (fp32 weights; no GradScaler needed)")
 parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"],
                     help="gradients cross the network in half precision (half the bytes, for slow links)")
 args = parser.parse_args()
+if args.resume and not args.train_url:
+    parser.error("--resume continues from the checkpoint in --train-url: give --train-url too")
 if args.train_url and int(os.environ.get("RANK", "0")) == 0:  # only rank 0 writes; say so now, not after an epoch
     try:
         os.makedirs(args.train_url, exist_ok=True)
@@ -165,6 +174,8 @@ if checkpoint_path and (args.resume or restarted):
         state = macfleet.checkpoint.load(checkpoint_path, model, optimizer, sampler)
         start_epoch, step, history = state.epoch, state.step, state.extra.get("history", [])
         log(f"resumed from {checkpoint_path}: epoch {start_epoch + 1}, step {step}")
+    elif args.resume:
+        log(f"no checkpoint in {args.train_url} yet; starting from the beginning")
 
 # -----------------------------------------------------------------------------
 # training loop
