@@ -245,7 +245,7 @@ class Coordinator:
         if self._stall_reported is None:
             self._stall_reported = reason
             self.log(f"stall: {reason}")
-            for r in suspects:  # what keeps them: each answers with its threads' stacks (_on_stacks)
+            for r in suspects[:3]:  # what keeps them: each answers with its threads' stacks (_on_stacks)
                 self.send(f"rank-{r}", protocol.STACKS)
         longest = max(self._waited(self.status[r], now) for r in waiting)
         if self.stall_action == "abort" and longest > 2 * self.stall_timeout_s:

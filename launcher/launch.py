@@ -256,8 +256,9 @@ def _agent_lost(agent: AgentProc, reached: bool) -> str:
     said = next((line for line in reversed(agent.tail) if line.strip()), "")  # a remote one's last words
     if said.startswith("macfleet agent"):
         return said  # it refused, and said why
-    if code < 0:  # a local agent, killed by a signal
-        return f"the agent on {agent.host.name} was killed by {_signal_name(-code)}"
+    if code < 0:  # killed by a signal: the agent itself, or the ssh process that runs a remote one
+        what = "the agent on" if agent.host.is_local else "the ssh connection to"
+        return f"{what} {agent.host.name} was killed by {_signal_name(-code)}"
     if not agent.host.is_local and code == 255:  # ssh's own failure, or its command killed by a signal
         if not reached:
             return f"cannot reach {agent.host.ssh_target} over ssh: {said or 'no message'}"
