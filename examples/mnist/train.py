@@ -51,7 +51,8 @@ parser.add_argument("--epochs", type=positive, default=15)
 parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
 parser.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
 parser.add_argument("--device", default=None, help="auto, mps, cuda or cpu (default: the launcher's choice)")
-parser.add_argument("--checkpoint-every", type=not_negative, default=0, help="also checkpoint every N steps (0: per epoch only)")
+parser.add_argument("--checkpoint-every", type=not_negative, default=0,
+                    help="also checkpoint every N steps (0: per epoch only)")
 parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --train-url")
 parser.add_argument("--amp", action="store_true", help="bfloat16 autocast (fp32 weights; no GradScaler needed)")
 parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"],
