@@ -62,6 +62,9 @@ class Device:
 
     kind = "cpu"
     unsupported_dtypes: frozenset[torch.dtype] = frozenset()
+    # Whether device copies must be issued from the thread that runs backward, never from
+    # DataParallel's bucket thread while backward runs (see MpsDevice).
+    copies_from_training_thread = False
 
     def __init__(self, index: int = 0) -> None:
         self.index = index
@@ -205,6 +208,12 @@ class MpsDevice(Device):
     kind = "mps"
     # Metal has no float64 (mps-facts.md section 4): refuse it by name rather than fail deep in torch.
     unsupported_dtypes = frozenset({torch.float64, torch.complex128})
+    # A process has one MPS stream, whose command buffer and encoders Metal does not let two
+    # threads use at once, and torch does not guard every op against it: MPS ops from two
+    # Python threads at once crash the process inside Metal (SIGSEGV/SIGABRT in
+    # blitCommandEncoderCommon) on torch 2.8 to 2.15 (pytorch#197805; its fix was reverted).
+    # A bucket's copies to and from its host buffer are blits, so they stay on backward's thread.
+    copies_from_training_thread = True
 
     @property
     def torch_device(self) -> torch.device:

@@ -13,7 +13,10 @@ starts its copy to a reused host buffer once the event has passed (waiting on th
 on the GPU: a late peer must not stall Metal's command queue), and backward goes on. Buckets
 are released for averaging strictly in index order (the same on every rank, whatever order
 they became ready in); the thread averages released buckets over the ring in release order and
-copies them back. One thread serves every DataParallel of the process, so two wrapped models
+copies them back. On MPS both copies stay on the thread that runs backward instead (the copy to
+the host when the bucket is complete, the copies back when backward ends): Metal crashes when
+two threads issue MPS work at once (``Device.copies_from_training_thread``). One thread serves
+every DataParallel of the process, so two wrapped models
 in one backward (a GAN's generator step) exchange in the same order on every rank. A callback
 at the end of backward waits for the last bucket, so when ``loss.backward()`` returns every
 rank holds the same averaged gradients and ``optimizer.step()`` needs no change.
@@ -263,8 +266,17 @@ class DataParallel(nn.Module):
         start = self._released
         while self._released < len(self.buckets) and not self.buckets[self._released].pending:
             self._released += 1
-        comm.hand_over(bucket, self.runtime.device.record_event(), self.buckets[start:self._released],
-                       self.compression)
+        self._hand_over(comm, bucket, self.buckets[start:self._released])
+
+    def _hand_over(self, comm: _CommThread, bucket: Bucket, release: list[Bucket]) -> None:
+        """Give ``bucket`` to the communication thread, which copies it to the host once its
+        gradients are ready; where the device takes copies from this thread only, copy it here."""
+        device = self.runtime.device
+        ready = device.record_event()
+        if device.copies_from_training_thread:
+            comm.hand_over(bucket, _stage(bucket, ready, device), release, self.compression, staged=True)
+        else:
+            comm.hand_over(bucket, ready, release, self.compression)
 
     def _adopt(self, bucket: Bucket, k: int) -> None:
         """Make the parameter's gradient the bucket's view again (zero_grad(set_to_none=True)
@@ -308,15 +320,21 @@ class DataParallel(nn.Module):
         started = time.perf_counter()
         self._note_work(started)
         with rt.waiting():  # the time this rank's training loop loses to the exchange and to slower ranks
+            by_thread = True  # whether the bucket thread averaged them
             if comm is not None:
                 comm.wait(self.buckets)
             else:
                 bucket, shared = self.buckets[0], _CommThread.existing(self.runtime)
                 if shared is not None and not shared.idle():  # after what another model released, in order
-                    shared.hand_over(bucket, device.record_event(), [bucket], self.compression)
+                    self._hand_over(shared, bucket, [bucket])
                     shared.wait(self.buckets)
                 else:
                     _average(bucket, _stage(bucket, device.record_event(), device), device, self.compression)
+                    by_thread = False
+            if by_thread and device.copies_from_training_thread:
+                for b in self.buckets:  # the bucket thread left the copies back to this thread
+                    if b.host is not None:
+                        device.from_host(b.host, b.flat)
         device.staged()  # later device work (optimizer.step) sees the averaged gradients
         ended = time.perf_counter()
         self.last_wait_s = ended - started
@@ -363,18 +381,21 @@ class _CommThread:
     def __init__(self, runtime: rt.Runtime) -> None:
         self.device = runtime.device
         self.collectives = runtime.collectives
-        self.inbox: queue.Queue[tuple[Bucket, HostEvent, list[Bucket], str]] = queue.Queue()
+        self.inbox: queue.Queue[tuple[Bucket, HostEvent, list[Bucket], str, bool]] = queue.Queue()
         self.done = threading.Condition()
         self.released = self.finished = 0  # buckets, since the start
         self.error: BaseException | None = None  # sticky: after a failed exchange no gradient is trusted
         self.thread = threading.Thread(target=self._run, name="macfleet-buckets", daemon=True)
         self.thread.start()
 
-    def hand_over(self, bucket: Bucket, ready: HostEvent, release: list[Bucket], compression: str) -> None:
-        """Stage ``bucket`` to the host once ``ready``; then average ``release`` (in this order,
-        after everything released before) with ``compression``. One message, one wake-up."""
+    def hand_over(self, bucket: Bucket, ready: HostEvent, release: list[Bucket], compression: str,
+                  staged: bool = False) -> None:
+        """Stage ``bucket`` to the host once ``ready`` (``staged``: the caller copied it, and
+        ``ready`` is that copy done, and the copy back is the caller's too); then average
+        ``release`` (in this order, after everything released before) with ``compression``.
+        One message, one wake-up."""
         self.released += len(release)  # only the thread that runs backward hands over
-        self.inbox.put((bucket, ready, release, compression))
+        self.inbox.put((bucket, ready, release, compression, staged))
 
     def idle(self) -> bool:
         """Whether everything released has been averaged (then nothing else can be in flight)."""
@@ -396,7 +417,7 @@ class _CommThread:
             self._serve()
 
     def _serve(self) -> None:
-        staged: dict[int, HostEvent] = {}  # by id(bucket): its copy to the host started
+        staged: dict[int, tuple[HostEvent, bool]] = {}  # by id(bucket): its copy to the host started; copied by the caller
         released: deque[tuple[Bucket, str]] = deque()
         while True:
             arrived = [] if released else [self.inbox.get()]
@@ -405,9 +426,9 @@ class _CommThread:
                     arrived.append(self.inbox.get_nowait())
                 except queue.Empty:
                     break
-            for bucket, ready, release, compression in arrived:
+            for bucket, ready, release, compression, by_caller in arrived:
                 try:
-                    staged[id(bucket)] = _stage(bucket, ready, self.device)
+                    staged[id(bucket)] = (ready if by_caller else _stage(bucket, ready, self.device), by_caller)
                 except BaseException as exc:  # its release finds nothing staged and ends there
                     self._fail(exc)
                 released.extend((b, compression) for b in release)
@@ -415,7 +436,8 @@ class _CommThread:
                 continue
             bucket, compression = released.popleft()
             try:
-                _average(bucket, staged.pop(id(bucket)), self.device, compression)
+                copied, by_caller = staged.pop(id(bucket))
+                _average(bucket, copied, self.device, compression, copy_back=not by_caller)
             except BaseException as exc:  # surfaces in the training thread at the end of backward
                 self._fail(exc)
             with self.done:
@@ -436,8 +458,9 @@ def _stage(bucket: Bucket, ready: HostEvent, device: Device) -> HostEvent:
     return device.to_host(bucket.flat, bucket.host, ready)  # the GPU never waits on the network
 
 
-def _average(bucket: Bucket, copied: HostEvent, device: Device, compression: str) -> None:
-    """Average the staged bucket over all ranks and queue its copy back to the device."""
+def _average(bucket: Bucket, copied: HostEvent, device: Device, compression: str, copy_back: bool = True) -> None:
+    """Average the staged bucket over all ranks and queue its copy back to the device (unless
+    ``copy_back`` is False: the thread that runs backward copies it back)."""
     copied.synchronize()
     name = f"gradient bucket {bucket.index}"
     staged = bucket.flat if bucket.host is None else bucket.host
@@ -445,7 +468,7 @@ def _average(bucket: Bucket, copied: HostEvent, device: Device, compression: str
         staged.mul_(bucket.scale)
     with rt.on_behalf_of("DataParallel (gradients)"):
         rt.all_reduce(staged, "avg", name=name, compression=compression)
-    if bucket.host is not None:
+    if bucket.host is not None and copy_back:
         device.from_host(bucket.host, bucket.flat)
 
 

@@ -5,6 +5,8 @@ DataParallel oracle on CUDA against a CPU run of the whole batch (one model, two
 backward, a model fine-tuned with layers unfrozen and a new head after wrapping, and
 ``torch.compile`` of the wrapper with inductor), memory reports and the cache given back, the
 memory fraction, and ``PolledEvent`` (how MPS events are waited for) on a real device event.
+The oracle also runs with every device copy issued from the thread that runs backward, as on
+MPS (``Device.copies_from_training_thread``).
 """
 
 import gc
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 import macfleet
+from macfleet import runtime
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import dp_cases  # noqa: E402
@@ -94,6 +97,23 @@ pair = nn.Sequential(g, d)
 train(chain, pair, xs, ys)
 out["oracle_max_diff_two_models"] = max_diff(chain, chain_ref)
 del pair, g, d
+gc.collect()
+# MPS's way (Device.copies_from_training_thread): every copy to and from the host buffers
+# issued by the thread that runs backward, none by the bucket thread; many buckets, then two
+# models sharing the bucket thread
+device_impl = runtime.runtime().device
+device_impl.copies_from_training_thread = True
+model = macfleet.DataParallel(oracle.make_model().to(dev), **tiny)
+train(model, model, xs, ys)
+out["oracle_max_diff_copies_from_training_thread"] = max_diff(model.module, ref)
+del model
+chain = dp_cases.Chained().to(dev)
+g, d = macfleet.DataParallel(chain.g, **tiny), macfleet.DataParallel(chain.d, **tiny)
+pair = nn.Sequential(g, d)
+train(chain, pair, xs, ys)
+out["oracle_max_diff_two_models_copies_from_training_thread"] = max_diff(chain, chain_ref)
+del pair, g, d
+device_impl.copies_from_training_thread = False
 gc.collect()
 # fine-tuning: a layer unfrozen, another frozen and a new head given after wrapping; the
 # buckets and their host staging buffers are laid out again at the next forward
