@@ -41,11 +41,13 @@ class _Done:
 class PolledEvent:
     """A device event the host waits for by asking, so that the waiting thread holds the GIL
     only for each question. torch's MPS binding keeps the GIL while ``synchronize`` blocks
-    (``_mps_synchronizeEvent`` has no GIL release; CUDA's has one). DataParallel's bucket
-    thread waiting for backward's gradients would then stop the thread that runs backward at
-    its next Python hook, and the GPU would run dry until the event came. ``query`` returns at
-    once; between questions the thread sleeps, 20 us at first, doubling up to 200 us: the last
-    bucket's wait is on the step's critical path, and a question costs microseconds."""
+    (``_mps_synchronizeEvent`` has no GIL release; CUDA's has one), which stops every other
+    Python thread of the process until the GPU gets there: on MPS the thread that runs backward
+    waits for each complete bucket's gradients (``copies_from_training_thread``), and
+    DataParallel's bucket thread, averaging the buckets before it, and the heartbeats would
+    stop with it. ``query`` returns at once; between questions the thread sleeps, 20 us at
+    first, doubling up to 200 us: the last bucket's wait is on the step's critical path, and a
+    question costs microseconds."""
 
     def __init__(self, event: Any) -> None:
         self.event = event
