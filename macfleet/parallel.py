@@ -273,10 +273,8 @@ class DataParallel(nn.Module):
         gradients are ready; where the device takes copies from this thread only, copy it here."""
         device = self.runtime.device
         ready = device.record_event()
-        if device.copies_from_training_thread:
-            comm.hand_over(bucket, _stage(bucket, ready, device), release, self.compression, staged=True)
-        else:
-            comm.hand_over(bucket, ready, release, self.compression)
+        comm.hand_over(bucket, _stage(bucket, ready, device) if device.copies_from_training_thread else ready,
+                       release, self.compression)
 
     def _adopt(self, bucket: Bucket, k: int) -> None:
         """Make the parameter's gradient the bucket's view again (zero_grad(set_to_none=True)
@@ -381,21 +379,20 @@ class _CommThread:
     def __init__(self, runtime: rt.Runtime) -> None:
         self.device = runtime.device
         self.collectives = runtime.collectives
-        self.inbox: queue.Queue[tuple[Bucket, HostEvent, list[Bucket], str, bool]] = queue.Queue()
+        self.inbox: queue.Queue[tuple[Bucket, HostEvent, list[Bucket], str]] = queue.Queue()
         self.done = threading.Condition()
         self.released = self.finished = 0  # buckets, since the start
         self.error: BaseException | None = None  # sticky: after a failed exchange no gradient is trusted
         self.thread = threading.Thread(target=self._run, name="macfleet-buckets", daemon=True)
         self.thread.start()
 
-    def hand_over(self, bucket: Bucket, ready: HostEvent, release: list[Bucket], compression: str,
-                  staged: bool = False) -> None:
-        """Stage ``bucket`` to the host once ``ready`` (``staged``: the caller copied it, and
-        ``ready`` is that copy done, and the copy back is the caller's too); then average
-        ``release`` (in this order, after everything released before) with ``compression``.
-        One message, one wake-up."""
+    def hand_over(self, bucket: Bucket, ready: HostEvent, release: list[Bucket], compression: str) -> None:
+        """Stage ``bucket`` to the host once ``ready`` (where the device takes copies from the
+        thread that runs backward only, ``ready`` is the caller's copy done, and the copy back is
+        the caller's too); then average ``release`` (in this order, after everything released
+        before) with ``compression``. One message, one wake-up."""
         self.released += len(release)  # only the thread that runs backward hands over
-        self.inbox.put((bucket, ready, release, compression, staged))
+        self.inbox.put((bucket, ready, release, compression))
 
     def idle(self) -> bool:
         """Whether everything released has been averaged (then nothing else can be in flight)."""
@@ -417,7 +414,7 @@ class _CommThread:
             self._serve()
 
     def _serve(self) -> None:
-        staged: dict[int, tuple[HostEvent, bool]] = {}  # by id(bucket): its copy to the host started; copied by the caller
+        staged: dict[int, HostEvent] = {}  # by id(bucket): its copy to the host started
         released: deque[tuple[Bucket, str]] = deque()
         while True:
             arrived = [] if released else [self.inbox.get()]
@@ -426,9 +423,10 @@ class _CommThread:
                     arrived.append(self.inbox.get_nowait())
                 except queue.Empty:
                     break
-            for bucket, ready, release, compression, by_caller in arrived:
+            by_caller = self.device.copies_from_training_thread  # then the copies are the training thread's
+            for bucket, ready, release, compression in arrived:
                 try:
-                    staged[id(bucket)] = (ready if by_caller else _stage(bucket, ready, self.device), by_caller)
+                    staged[id(bucket)] = ready if by_caller else _stage(bucket, ready, self.device)
                 except BaseException as exc:  # its release finds nothing staged and ends there
                     self._fail(exc)
                 released.extend((b, compression) for b in release)
@@ -436,8 +434,7 @@ class _CommThread:
                 continue
             bucket, compression = released.popleft()
             try:
-                copied, by_caller = staged.pop(id(bucket))
-                _average(bucket, copied, self.device, compression, copy_back=not by_caller)
+                _average(bucket, staged.pop(id(bucket)), self.device, compression, copy_back=not by_caller)
             except BaseException as exc:  # surfaces in the training thread at the end of backward
                 self._fail(exc)
             with self.done:
