@@ -19,14 +19,28 @@ SETTLE_S = 0.2  # quiet this long, and an unfinished line is shown as it is
 LONGEST = 1 << 20  # an unfinished line this long is a piece already (binary output, a line with no end)
 
 
-def pieces(fd: int, settle_s: float = SETTLE_S) -> Iterator[bytes]:
+def pieces(fd: int, settle_s: float = SETTLE_S, ended: int | None = None) -> Iterator[bytes]:
     """What is read from ``fd`` until its end, cut after every ``\\n``, ``\\r`` or ``\\r\\n``; an
-    unfinished rest is a piece of its own once nothing more has come for ``settle_s``."""
+    unfinished rest is a piece of its own once nothing more has come for ``settle_s``.
+
+    ``ended``: a descriptor that turns readable once the writer has exited. Its children may
+    still hold ``fd`` open (a script's background process), so the end of ``fd`` may be far
+    off; the first time ``ended`` is readable and ``fd`` has nothing more, an empty piece says
+    that all the writer wrote has been yielded (its unfinished line too, at once)."""
     pending = b""
+    watch = [fd] if ended is None else [fd, ended]
     while True:
-        if pending and not select.select([fd], [], [], settle_s)[0]:
+        ready = select.select(watch, [], [], settle_s if pending else None)[0]
+        if not ready:
             yield pending  # quiet: show the unfinished line (a progress bar) as it is
             pending = b""
+            continue
+        if fd not in ready:  # the writer has exited, and every byte it wrote has been read
+            watch = [fd]
+            if pending:
+                yield pending
+                pending = b""
+            yield b""
             continue
         chunk = os.read(fd, 65536)
         if not chunk:

@@ -117,6 +117,36 @@ def test_a_live_rank_that_keeps_the_others_waiting_is_shown_where_it_is() -> Non
     assert job.seconds < 2 * 2 + 15
 
 
+@pytest.mark.parametrize("fail_rank", [-1, 1])
+def test_ranks_background_processes_neither_hold_up_the_job_nor_outlive_it(fail_rank: int) -> None:
+    """Every rank starts a process that inherits its output streams and outlives it. The agent
+    waited up to 2 s for each stream's end before it reported a rank's exit, sending no
+    heartbeat meanwhile: three ranks held it 12 s, and the job failed as "agent 0 sent no
+    heartbeat" (here with a 3 s timeout), whatever the ranks did. The exits must be reported
+    with the failing rank's traceback whole, and the processes must end with the job."""
+    job = run_launch("--nproc", "3", "--heartbeat-timeout", "3", BEHAVE, str(fail_rank), "child", timeout=60)
+    children = [int(pid) for pid in re.findall(r"child pid=(\d+)", job.stdout)]
+    assert len(children) == 3, job.output
+    assert "heartbeat" not in job.stderr, job.stderr
+    if fail_rank < 0:
+        assert job.code == 0 and job.stdout.count("finished") == 3, job.output
+    else:
+        cause = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+        assert job.code == 1 and "rank 1 (host localhost" in cause, job.stderr
+        assert "Traceback" in cause and "ValueError: deliberate failure on rank 1" in cause, cause
+    assert [pid for pid in children if _alive(pid)] == []
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie no one has reaped yet, in a container whose init does
+    not reap, has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_shared_memory_object_a_killed_rank_held_is_released() -> None:
     """Segments made as on macOS (POSIX objects, which outlive their processes until the Mac
     restarts): a rank killed between creating one and unlinking it leaves it to its agent."""

@@ -269,6 +269,25 @@ def test_an_unfinished_line_is_forwarded_once_the_writer_goes_quiet() -> None:
     os.close(read)
 
 
+def test_once_the_writer_has_ended_its_output_is_known_to_be_all_forwarded() -> None:
+    """A child of the writer holds the stream open, so its end is far off: the writer's end
+    (``ended`` readable) flushes its unfinished line at once and says so with an empty piece,
+    and what the child writes afterwards is still forwarded."""
+    read, write = os.pipe()
+    ended_r, ended_w = os.pipe()
+    os.write(write, b"Traceback\nValueError: x")
+    got = pieces(read, settle_s=60, ended=ended_r)  # no quiet can flush the last line in time
+    assert next(got) == b"Traceback\n"
+    os.write(ended_w, b"x")
+    assert next(got) == b"ValueError: x"
+    assert next(got) == b""
+    os.write(write, b"the child's line\n")
+    os.close(write)
+    assert list(got) == [b"the child's line\n"]
+    for fd in (read, ended_r, ended_w):
+        os.close(fd)
+
+
 def test_a_line_with_no_end_is_forwarded_in_bounded_pieces() -> None:
     """Binary output, or a line with no end: every read copied all that was pending, so 100 MB
     took the agent's pump half a minute while the rank sat blocked on a full pipe."""

@@ -38,6 +38,18 @@ from macfleet.protocol import AgentSpec, WorkerExit
 from macfleet.workers.awake import keep_awake, let_sleep
 
 TAIL_LINES = 40
+CATCH_UP_S = 2.0  # a rank's exit waits at most this long for its last output to be read
+
+
+@dataclass
+class Pump:
+    """The thread that forwards one of a rank's output streams. Once the rank has exited, a
+    byte on ``ended`` asks it to set ``caught_up`` when it has forwarded all the rank wrote: the
+    stream's end may never come while a child of the rank holds it open."""
+
+    thread: threading.Thread
+    ended: int  # the write end of a pipe the thread watches
+    caught_up: threading.Event
 
 
 @dataclass
@@ -47,7 +59,9 @@ class Worker:
     proc: subprocess.Popen
     error_file: str
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-    pumps: list[threading.Thread] = field(default_factory=list)
+    pumps: list[Pump] = field(default_factory=list)
+    exited_at: float = 0.0  # seen to have exited (wall clock, for the coordinator's order of failures)
+    report_by: float | None = None  # once it has exited: when to report it even if its pumps lag
     exit: WorkerExit | None = None
 
 
@@ -277,9 +291,12 @@ class Agent:
         log = self.logs.get(rank)
         sinks = (sys.stdout.buffer, sys.stderr.buffer) if shown else (None, None)
         for stream, sink, tail in ((proc.stdout, sinks[0], None), (proc.stderr, sinks[1], worker.tail)):
-            pump = threading.Thread(target=self._pump, args=(stream, sink, prefix.encode(), tail, log), daemon=True)
-            pump.start()
-            worker.pumps.append(pump)
+            ended_r, ended_w = os.pipe()
+            caught_up = threading.Event()
+            thread = threading.Thread(target=self._pump, args=(stream, sink, prefix.encode(), tail, log, ended_r,
+                                                               caught_up), daemon=True)
+            thread.start()
+            worker.pumps.append(Pump(thread, ended_w, caught_up))
         self.workers.append(worker)
 
     def _feed(self, data: bytes, eof: bool) -> None:
@@ -316,11 +333,14 @@ class Agent:
         self.store_socket = None
 
     def _pump(self, stream: IO[bytes], sink: IO[bytes] | None, prefix: bytes, tail: deque | None,
-              log: IO[bytes] | None) -> None:
+              log: IO[bytes] | None, ended: int, caught_up: threading.Event) -> None:
         """Copy a rank's output as it comes: to its log file as it is, and to ours (unless the
-        rank is not shown) with each line prefixed."""
+        rank is not shown) with each line prefixed. Then its children's, if they outlive it."""
         at_start, lines = True, WholeLines() if tail is not None else None  # only stderr keeps a tail
-        for piece in pieces(stream.fileno()):
+        for piece in pieces(stream.fileno(), ended=ended):
+            if not piece:  # all the rank wrote is forwarded, and in the tail
+                caught_up.set()
+                continue
             with self.out_lock:
                 if log is not None:
                     _write(log, piece)
@@ -337,6 +357,8 @@ class Agent:
                 self._open_line[id(sink)] = None
                 _write(sink, b"\n")
         stream.close()
+        os.close(ended)
+        caught_up.set()
 
     def _show(self, sink: IO[bytes], prefix: bytes, piece: bytes, at_start: bool) -> bool:
         """Write one piece of a rank's output to ``sink`` (under ``out_lock``); whether the rank's
@@ -369,17 +391,28 @@ class Agent:
                   f"with code {code}; a script's init_process_group will time out", file=sys.stderr, flush=True)
 
     def _reap(self) -> None:
+        """Report each rank that has exited, once its last lines (a traceback) are in the tail.
+        The pumps say when they have them, at most ``CATCH_UP_S`` after the exit: a child of the
+        rank may keep its streams open for good, and meanwhile the loop goes on (heartbeats)."""
         for w in self.workers:
             if w.exit is not None or w.proc.poll() is None:
                 continue
-            for pump in w.pumps:  # the last lines (a traceback) must be in the tail before we report
-                pump.join(timeout=2)
+            if w.report_by is None:
+                w.exited_at, w.report_by = time.time(), time.monotonic() + CATCH_UP_S
+                for pump in w.pumps:
+                    try:
+                        os.write(pump.ended, b"x")
+                    except BrokenPipeError:
+                        pass  # the pump has met the stream's end already
+                    os.close(pump.ended)
+            if time.monotonic() < w.report_by and not all(p.caught_up.is_set() for p in w.pumps):
+                continue
             _close(w.proc.stdin)
             code = w.proc.returncode
             signame = signal.Signals(-code).name if code < 0 else None
             w.exit = WorkerExit(
                 rank=w.rank, host=self.spec.host, pid=w.proc.pid, code=128 - code if code < 0 else code,
-                signal=signame, time=time.time(), error=_read_json(w.error_file),
+                signal=signame, time=w.exited_at, error=_read_json(w.error_file),
                 tail=list(w.tail) if code != 0 else [],
             )
             self.client.send(protocol.EXIT, **w.exit.to_fields())

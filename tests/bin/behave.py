@@ -4,7 +4,8 @@ Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by 
 (``raise``, ``exit3``, ``sigkill``, ``sigkill-holding-segment``: killed between creating a
 shared-memory segment and unlinking it, ``segfault``: a crash in native code, ``stuck``:
 alive but never back from a data loader, ``early``: shut down and exit 0, ``no-init``: exit 0
-before ``macfleet.init()``, ``none``) while the others wait in all-reduces, which a failure
+before ``macfleet.init()``, ``child``: raise, as every rank leaves a background process
+holding its stdout and stderr, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
 (until stopped). ``env`` prints the environment contract as this rank sees it.
 In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
@@ -16,6 +17,7 @@ broadcast from rank 0, which is in the all-reduce, so that no rank can finish) o
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -48,10 +50,13 @@ if mode == "env":
     print("ENV " + json.dumps(seen))
     macfleet.shutdown()
     sys.exit(0)
+if mode == "child":  # a metrics service, say: it inherits the rank's output streams
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(f"child pid={child.pid}", flush=True)
 print(f"ready pid={os.getpid()}", flush=True)
 macfleet.barrier()
 if rank == fail_rank:
-    if mode == "raise":
+    if mode in ("raise", "child"):
         raise ValueError(f"deliberate failure on rank {rank}")
     if mode == "exit3":
         sys.exit(3)
