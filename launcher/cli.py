@@ -65,8 +65,14 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
             host_list = parse_hostfile(hostfile, nproc or 1)
         else:
             host_list = [Host("localhost", nproc or 1)]
+        given = parse_hosts(hosts, 1) if hosts else parse_hostfile(hostfile, 1) if hostfile else host_list
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--hostfile" if hostfile else "--hosts") from None
+    total = sum(h.slots for h in host_list)
+    if nproc is not None and (hosts or hostfile) and host_list == given and nproc not in (1, total):
+        # Horovod's -np is a total, ours the slots of the hosts given without any: a silent no-op
+        raise click.UsageError(f"--nproc {nproc} gives the slots of hosts listed without any, and every host "
+                               f"has its own ({total} ranks in all): drop --nproc, or a host's slots")
     if data_addr is not None:
         try:
             data_addr = data_address(data_addr, "")
@@ -78,6 +84,11 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
     ssh = SshOptions(port=ssh_port, identity=ssh_identity, options=list(ssh_options),
                      connect_timeout_s=ssh_connect_timeout)
     host_list = find_this_machine(host_list, ssh)
+    here = [h.ssh_target for h in host_list if h.is_local]
+    if len(here) > 1:  # two agents, whose ranks would exchange over sockets instead of shared memory
+        raise click.BadParameter(f"{', '.join(here[:-1])} and {here[-1]} name this machine alike: list it once, "
+                                 f"with more slots",
+                                 param_hint="--hostfile" if hostfile else "--hosts")
     env: dict[str, str] = {}
     for pair in env_pairs:
         key, sep, value = pair.partition("=")

@@ -220,6 +220,20 @@ def test_bad_flags_are_usage_errors() -> None:
         assert "Traceback" not in job.stderr and "Error" in job.stderr, job.stderr
 
 
+def test_host_lists_that_would_not_run_as_written_are_usage_errors() -> None:
+    """``--nproc`` is the slots of hosts listed without any; with Horovod's habit (a total, -np)
+    a host list that gives every host's slots ignored it silently. And this machine listed
+    under two names started two agents, whose ranks exchanged over sockets, not shared memory."""
+    for args, says in ((["--nproc", "3", "--hosts", "localhost:2"], "--nproc 3 gives the slots of hosts listed "
+                        "without any, and every host has its own (2 ranks in all)"),
+                       (["--hosts", "127.0.0.1:1,localhost:1"], "127.0.0.1 and localhost name this machine alike")):
+        job = run_launch(*args, BEHAVE, "-1", "none")
+        assert job.code == 2 and says in job.stderr, job.stderr
+        assert "Traceback" not in job.stderr and "[rank" not in job.stdout
+    job = run_launch("--nproc", "2", "--hosts", "localhost:2", BEHAVE, "-1", "none", timeout=60)  # -np's sense
+    assert job.code == 0 and job.stdout.count("finished") == 2, job.output
+
+
 @pytest.mark.parametrize("mode", ["collectives", "dp"])
 def test_the_rank_that_sets_the_pace_is_named_at_the_end(mode):
     """Rank 2 is slower at every step: the others spend most of their time waiting for it, and
