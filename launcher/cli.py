@@ -146,10 +146,8 @@ def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, me
         if not all(part.isidentifier() for part in script.split(".")):
             raise click.BadParameter(f"{script!r} is not a module name like mypackage.train", param_hint="-m")
         script, script_args = "-m", (script, *script_args)
-    elif not os.path.isfile(script):
-        raise click.BadParameter(f"no such file: {script}", param_hint="SCRIPT")
     else:
-        script = os.path.abspath(script)
+        script = _find_script(script, hosts.get("cwd"))
     cfg = make_config(script, list(script_args), device=device, seed=seed,
                       memory_fraction=memory_fraction, heartbeat_timeout_s=heartbeat_timeout,
                       stall_timeout_s=stall_timeout, stall_action=stall_action,
@@ -165,6 +163,18 @@ def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, me
         if not os.access(directory, os.W_OK):
             raise click.BadParameter(f"cannot write in {directory}", param_hint="--log-dir")
     sys.exit(run_with_restarts(cfg, max_restarts))
+
+
+def _find_script(script: str, cwd: str | None) -> str:
+    """The script's absolute path: as given, else (relative) in ``--cwd``, where the ranks run
+    it, as ``cd CWD && python SCRIPT`` would."""
+    if os.path.isfile(script):
+        return os.path.abspath(script)
+    if cwd is not None and not os.path.isabs(script) and os.path.isfile(os.path.join(cwd, script)):
+        return os.path.abspath(os.path.join(cwd, script))
+    where = f" (in {os.getcwd()}" + (f" or --cwd {cwd})" if cwd is not None else ")")
+    raise click.BadParameter(f"no such file: {script}{where if not os.path.isabs(script) else ''}",
+                             param_hint="SCRIPT")
 
 
 def parse_ranks(text: str, world_size: int) -> list[int]:

@@ -234,6 +234,18 @@ def test_host_lists_that_would_not_run_as_written_are_usage_errors() -> None:
     assert job.code == 0 and job.stdout.count("finished") == 2, job.output
 
 
+def test_a_script_named_relative_to_cwd_is_found_there(tmp_path) -> None:
+    """The ranks run in --cwd, as ``cd DIR && python train.py`` would: a script named relative
+    to it is found there (it was "no such file" unless the launcher ran there too)."""
+    (tmp_path / "train.py").write_text("import os, macfleet\nmacfleet.init()\nprint('in', os.getcwd())\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    job = run_launch("--nproc", "2", "--cwd", str(tmp_path), "train.py", cwd=str(elsewhere), timeout=60)
+    assert job.code == 0 and job.stdout.count(f"in {tmp_path}") == 2, job.output
+    job = run_launch("--nproc", "2", "--cwd", str(tmp_path), "missing.py", cwd=str(elsewhere))
+    assert job.code == 2 and f"no such file: missing.py (in {elsewhere} or --cwd {tmp_path})" in job.stderr, job.stderr
+
+
 @pytest.mark.parametrize("mode", ["collectives", "dp"])
 def test_the_rank_that_sets_the_pace_is_named_at_the_end(mode):
     """Rank 2 is slower at every step: the others spend most of their time waiting for it, and
