@@ -164,6 +164,16 @@ def test_shared_tensors_are_reduced_where_they_are(tmp_path, size: int) -> None:
         assert not any(g.in_place for g in groups)
         for t in brought:
             assert torch.equal(t, torch.stack(inputs).sum(0))
+        # a view of another dtype (a bool flag's uint8, say) is summed in its own: the rows were
+        # summed as float32 under it
+        words = [torch.randint(1 << 24, 1 << 28, (1000,), dtype=torch.int32) for _ in range(size)]  # normal floats as bits (denormals add as integers do)
+        views = [t.view(torch.int32) for t in tensors]
+        for v, w in zip(views, words, strict=True):
+            v.copy_(w)
+        with ThreadPoolExecutor(size) as pool:
+            list(pool.map(lambda i: groups[i].all_reduce(views[i], views[i], "sum"), range(size)))
+        for v in views:
+            assert torch.equal(v, torch.stack(words).sum(0))
     finally:
         close_all(groups)
 
