@@ -119,6 +119,10 @@ class Collectives:
                    compression: str = "none") -> torch.Tensor:
         """``compression`` (``fp16``, ``bf16``) casts what crosses the network only; the
         reduction itself stays float32 on the host."""
+        if tensor.dtype == torch.bool or tensor.is_complex():
+            numbers, op = _as_numbers(tensor, name, op)
+            self.all_reduce(numbers, op, name, compression)
+            return tensor
         self._check(tensor, name)
         data = _outside_autograd(tensor)
         if compression not in WIRE_DTYPES:
@@ -159,6 +163,9 @@ class Collectives:
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch.Tensor:
+        if tensor.dtype == torch.bool or tensor.is_complex():
+            self.broadcast(_as_numbers(tensor, name)[0], src, name)
+            return tensor
         self._check(tensor, name)
         data = _outside_autograd(tensor)
         if not 0 <= src < self.world:
@@ -187,6 +194,10 @@ class Collectives:
 
     def all_gather(self, tensor: torch.Tensor, name: str = "tensor") -> torch.Tensor:
         """Every rank's tensor, stacked: a new tensor of shape ``(world, *tensor.shape)``."""
+        if tensor.dtype == torch.bool:
+            return self.all_gather(tensor.view(torch.uint8), name).view(torch.bool)
+        if tensor.is_complex():
+            return torch.view_as_complex(self.all_gather(_as_numbers(tensor, name)[0], name))
         self._check(tensor, name)
         out = torch.empty((self.world, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
         with self._collective("all_gather", self.world * tensor.numel() * tensor.element_size(), tensor) as op_id:
@@ -520,6 +531,21 @@ def _outside_autograd(tensor: torch.Tensor) -> torch.Tensor:
     A detached view, not ``torch.no_grad()``: grad mode is per thread, and a large tensor's ring
     runs parts of it on pool threads (found by the hypothesis cases)."""
     return tensor.detach() if tensor.requires_grad else tensor
+
+
+def _as_numbers(tensor: torch.Tensor, name: str, op: str = "sum") -> tuple[torch.Tensor, str]:
+    """A bool or complex tensor as a view of the numbers it is made of, and the op to reduce
+    them with, as torch.distributed takes them: a bool's sum or max is a logical or (as NCCL
+    maps it), its min an and; a complex number's sum is its parts' sums."""
+    if tensor.dtype == torch.bool:
+        if op == "avg":
+            raise ConfigError(f"all_reduce op 'avg' needs a floating-point tensor; {name} is {tensor.dtype}")
+        return tensor.view(torch.uint8), "max" if op == "sum" else op
+    if op in ("max", "min"):
+        raise ConfigError(f"all_reduce op {op!r}: complex numbers have no order; {name} is {tensor.dtype}")
+    if tensor.is_conj():  # a lazily conjugated view has no real view of its own
+        raise ConfigError(f"{name} is a conjugated view: give tensor.resolve_conj()")
+    return torch.view_as_real(tensor), op
 
 
 def _chunks(start: int, end: int, step: int) -> list[tuple[int, int]]:

@@ -16,6 +16,7 @@ from conftest import BIN, run_launch, shm_scratch
 
 FLOATS = ["float32", "float16", "bfloat16", "float64"]
 INTS = ["int8", "uint8", "int16", "int32", "int64"]
+OTHERS = ["bool", "complex64"]  # as torch.distributed takes them: views of uint8 and of float32 pairs
 SIZES = st.one_of(
     st.integers(0, 9),                       # empty, and fewer elements than ranks
     st.integers(10, 5000),                    # odd sizes
@@ -25,9 +26,10 @@ SIZES = st.one_of(
 
 @st.composite
 def cases(draw: st.DrawFn) -> dict:
-    dtype = draw(st.sampled_from(FLOATS + INTS))
+    dtype = draw(st.sampled_from(FLOATS + INTS + OTHERS))
     kind = draw(st.sampled_from(["all_reduce", "all_reduce", "broadcast", "all_gather"]))
-    ops = ["sum", "avg", "max", "min"] if dtype in FLOATS else ["sum", "max", "min"]
+    ops = {"complex64": ["sum", "avg"]}.get(dtype, ["sum", "avg", "max", "min"] if dtype in FLOATS
+                                            else ["sum", "max", "min"])
     return {
         "kind": kind, "dtype": dtype, "numel": draw(SIZES), "seed": draw(st.integers(0, 10**6)),
         "op": draw(st.sampled_from(ops)), "src": draw(st.integers(0, 7)), "shared": draw(st.booleans()),
@@ -90,6 +92,22 @@ def test_all_reduce_of_more_than_100_mib_is_exact(tmp_path) -> None:
         {"kind": "all_reduce", "dtype": "float32", "numel": numel, "seed": 7, "op": "sum", "src": 0},
         {"kind": "all_reduce", "dtype": "int64", "numel": numel // 2, "seed": 8, "op": "max", "src": 0},
     ], env={"MACFLEET_STREAMS": "2"})
+
+
+@pytest.mark.parametrize("path", ["w3-shm-tiny-slots", "w3-tcp-tiny-chunks-2-streams"])
+def test_bool_and_complex_tensors_are_taken_as_torch_distributed_takes_them(tmp_path, path: str) -> None:
+    """An early-stopping flag (``all_reduce(torch.tensor(stop))``) and complex numbers, every
+    kind of collective, in shared memory and not (drawn above only by chance). They were a
+    ConfigError, while torch.distributed takes both."""
+    world, env = PATHS[path]
+    run_cases(tmp_path, world, [
+        {"kind": kind, "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, "shared": shared}
+        for seed, (kind, dtype, op) in enumerate(
+            [("all_reduce", "bool", op) for op in ("sum", "max", "min")] +
+            [("all_reduce", "complex64", op) for op in ("sum", "avg")] +
+            [(kind, dtype, "sum") for kind in ("broadcast", "all_gather") for dtype in OTHERS])
+        for numel, shared in ((5, False), (70001, True))
+    ], env)
 
 
 @pytest.mark.parametrize("path", ["w3-shm-tiny-slots", "w3-tcp-tiny-chunks-2-streams"])

@@ -19,8 +19,10 @@ import torch
 import macfleet
 
 DTYPES = {name: getattr(torch, name) for name in
-          ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64")}
-TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-6, torch.float64: 1e-12}
+          ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
+           "complex64")}
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-6, torch.float64: 1e-12,
+             torch.complex64: 1e-6}
 
 
 WIRE_EPS = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}  # unit roundoff of the wire dtype
@@ -30,9 +32,21 @@ def make_input(case, rank):
     g = torch.Generator().manual_seed(case["seed"] * 1000 + rank)
     if case.get("compression"):
         return torch.randn(case["numel"], generator=g).to(DTYPES[case["dtype"]])
+    if case["dtype"] == "bool":
+        return torch.randint(0, 2, (case["numel"],), generator=g).bool()
     low = 0 if case["dtype"] == "uint8" else -8
     # small integers: exactly representable in every dtype, and so are their sums over 8 ranks
-    return torch.randint(low, 9, (case["numel"],), generator=g).to(DTYPES[case["dtype"]])
+    parts = torch.randint(low, 9, (2 if case["dtype"] == "complex64" else 1, case["numel"]), generator=g)
+    if case["dtype"] == "complex64":
+        return torch.complex(parts[0].float(), parts[1].float())
+    return parts[0].to(DTYPES[case["dtype"]])
+
+
+def widen(t):
+    """``t`` in a dtype that holds every exact result: float64, int64 or complex128."""
+    if t.is_complex():
+        return t.to(torch.complex128)
+    return t.double() if t.dtype.is_floating_point else t.long()
 
 
 def expected(case, world):
@@ -40,15 +54,18 @@ def expected(case, world):
     dtype = DTYPES[case["dtype"]]
     if case["numel"] == 0:
         return torch.empty(0, dtype=dtype) if case["kind"] != "all_gather" else torch.empty(world, 0, dtype=dtype)
-    wide = inputs.double() if dtype.is_floating_point else inputs.long()
+    wide = widen(inputs)
     kind = case["kind"]
     if kind == "broadcast":
         return inputs[case["src"]]
     if kind == "all_gather":
         return inputs
     op = case["op"]
-    result = {"sum": wide.sum(0), "avg": wide.sum(0) / world, "max": wide.amax(0), "min": wide.amin(0)}[op]
-    return result.to(dtype)
+    if op == "sum":  # of bools: nonzero is True, a logical or (as torch.distributed's)
+        return wide.sum(0).to(dtype)
+    if op == "avg":
+        return (wide.sum(0) / world).to(dtype)
+    return (wide.amax(0) if op == "max" else wide.amin(0)).to(dtype)
 
 
 def run(case, rank, world):
@@ -68,12 +85,12 @@ def run(case, rank, world):
     want = expected(case, world)
     if got.shape != want.shape or got.dtype != want.dtype:
         return f"shape/dtype {tuple(got.shape)}/{got.dtype} != {tuple(want.shape)}/{want.dtype}"
-    if case.get("op") == "avg":
-        ok = torch.allclose(got.double(), want.double(), rtol=TOLERANCE[want.dtype], atol=TOLERANCE[want.dtype])
+    if case.get("op") == "avg" and case["kind"] == "all_reduce":
+        ok = torch.allclose(widen(got), widen(want), rtol=TOLERANCE[want.dtype], atol=TOLERANCE[want.dtype])
     else:
         ok = torch.equal(got, want)
     if not ok:
-        bad = (got.double() != want.double()).nonzero()[:5].flatten().tolist()
+        bad = (widen(got) != widen(want)).nonzero()[:5].flatten().tolist()
         return f"values differ at {bad}: got {got.flatten()[bad].tolist()} want {want.flatten()[bad].tolist()}"
     return None
 
