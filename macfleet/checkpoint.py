@@ -58,14 +58,16 @@ def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
 def atomic_save(state: dict[str, Any], path: str) -> None:
     """Write ``state`` to ``path`` so that ``path`` is always either the old or the new file."""
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
+        os.makedirs(directory, exist_ok=True)
         with open(tmp, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # a full disk, a read-only one: name the checkpoint, not our temporary file
+        raise OSError(exc.errno, f"cannot write checkpoint {path}: {exc.strerror or exc}") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

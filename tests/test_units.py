@@ -538,3 +538,15 @@ def test_a_mac_is_kept_awake_while_the_agent_lives(tmp_path, monkeypatch) -> Non
         guard.wait()
     monkeypatch.setattr(awake, "CAFFEINATE", str(tmp_path / "missing"))
     assert awake.keep_awake(4242) is None  # a Mac without it: the job runs all the same
+
+
+def test_a_checkpoint_that_cannot_be_written_is_named_and_leaves_nothing(tmp_path) -> None:
+    """A full disk, a path through a file: the error named rank 0's temporary file, not the
+    checkpoint."""
+    from macfleet.checkpoint import atomic_save
+
+    (tmp_path / "a-file").write_text("")
+    path = tmp_path / "a-file" / "ck.pt"
+    with pytest.raises(OSError, match=f"cannot write checkpoint {path}: "):
+        atomic_save({"step": 1}, str(path))
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
