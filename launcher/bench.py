@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from macfleet.launcher.launch import LaunchConfig, run_job
+from macfleet.launcher.launch import LaunchConfig, log, run_job
 
 
 def run_bench(cfg: LaunchConfig, json_path: str | None) -> int:
@@ -20,8 +20,12 @@ def run_bench(cfg: LaunchConfig, json_path: str | None) -> int:
         return outcome.code or 1
     print(format_table(result))
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=2)
+        try:
+            with open(json_path, "w") as f:
+                json.dump(result, f, indent=2)
+        except OSError as exc:  # the disk filled while we measured, say: the table above stands
+            log(f"cannot write {json_path}: {exc.strerror or exc}")
+            return 1
     return 0
 
 

@@ -242,6 +242,10 @@ def bench_allreduce(sizes: str, dtype: str, budget: float, shared_tensors: bool,
                       device="cpu", **hosts)
     if cfg.world_size < 2:
         raise click.UsageError("an all-reduce needs at least 2 ranks: give --nproc 2 or more, or several hosts")
+    if json_path is not None:  # before minutes of measuring, not after
+        directory = os.path.dirname(os.path.abspath(json_path))
+        if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+            raise click.BadParameter(f"cannot write in {directory}", param_hint="--json")
     sys.exit(run_bench(cfg, json_path))
 
 

@@ -142,7 +142,9 @@ def test_bench_allreduce_refuses_what_it_cannot_measure() -> None:
                          (["--nproc", "2", "--sizes", "0"], "less than one float32 element"),
                          (["--nproc", "2", "--sizes", "1", "--dtype", "bfloat16"], "less than one bfloat16 element"),
                          (["--nproc", "2", "--sizes", "4X"], "'4X' is not a size"),
-                         (["--nproc", "2", "--sizes", "infK"], "'infK' is not a size")):
+                         (["--nproc", "2", "--sizes", "infK"], "'infK' is not a size"),
+                         # a traceback after the whole measurement
+                         (["--nproc", "2", "--json", "/nonexistent/out.json"], "cannot write in /nonexistent")):
         proc = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "bench", "allreduce", *args],
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and wanted in proc.stderr, (args, proc.stderr)
