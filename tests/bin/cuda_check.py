@@ -49,6 +49,14 @@ out["polled_event"] = bool(event.query()) and time.monotonic() - started > 0.05
 b = torch.full((7,), float(rank), device=dev)
 macfleet.broadcast(b, 1 % world)
 out["broadcast"] = bool((b.cpu() == 1 % world).all())
+# an early-stopping flag (a logical or) and complex numbers, as views of the numbers they are made of
+flag = torch.tensor([rank == 0, False, True], device=dev)
+macfleet.all_reduce(flag)
+c = torch.tensor([1 + 2j, -3j], device=dev) * (rank + 1)
+macfleet.all_reduce(c)
+whole = sum(range(1, world + 1))
+out["bool_and_complex"] = (flag.tolist() == [True, False, True] and flag.device.type == "cuda"
+                           and c.cpu().tolist() == [(1 + 2j) * whole, -3j * whole] and c.device.type == "cuda")
 # a CUDA parameter (a leaf that requires grad), broadcast and averaged in place as dist's are
 p = nn.Parameter(torch.full((1000,), float(rank), device=dev))
 macfleet.broadcast(p, world - 1)
