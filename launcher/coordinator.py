@@ -283,9 +283,12 @@ class Coordinator:
 
     def _on_stacks(self, msg: dict[str, Any], peer: Peer) -> None:
         rank, text = msg.get("rank"), msg.get("text")
-        if isinstance(rank, int) and isinstance(text, str):  # asked once per stall reported
+        if isinstance(rank, int) and isinstance(text, str):  # asked once per stall reported, or rank lost
             self.stacks[rank] = text
             self.log(f"rank {rank} ({self.hosts.get(rank, '?')}) is at:\n{_indent(text)}")
+            for failure in self.failures:  # a rank that went silent: the dump comes after the failure
+                if failure.rank == rank and failure.exit is None and not failure.detail:
+                    failure.detail = f"rank {rank} was at:\n{text}"
 
     def _on_report(self, msg: dict[str, Any], peer: Peer) -> None:
         rank = msg.get("rank")
@@ -359,6 +362,8 @@ class Coordinator:
                 who = f"rank {rank} ({self.hosts.get(rank, '?')})" if rank is not None else f"the {name.replace('-', ' ')}"
                 waiting = {r: w for r, w in self._waiting_for(now).items() if r != rank}
                 cause = "stopped, hung, asleep, or its host is cut off"
+                if rank is not None:  # hung holding the GIL? its agent can still get its stacks (dumps.py)
+                    self.send_each("agent", protocol.STACKS, rank=rank)
                 self.fail(Failure(time.time(), f"{who} sent no heartbeat for {self.heartbeat_timeout_s:.0f} s "
                                                f"({cause}){self._who_waits(waiting)}", rank))
         self._check_left_behind()

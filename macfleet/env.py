@@ -23,6 +23,8 @@ MACFLEET_DEVICE                    ``auto`` (mps, then cuda, then cpu), ``mps``,
 MACFLEET_SEED                      base seed; rank r seeds its generators with seed + r
 MACFLEET_MEMORY_FRACTION           this process's share of the GPU's memory (0 = no cap)
 MACFLEET_ERROR_FILE                where an uncaught exception is written as JSON
+MACFLEET_STACKS_FILE               where faulthandler dumps the rank's stacks when its agent asks
+                                   (SIGUSR2): a rank that holds the GIL for good cannot answer
 MACFLEET_DATA_ADDR                 the address this host's ring sockets bind to
 MACFLEET_HOST                      this host's name in the job (for messages)
 MACFLEET_AGENT_PID                 the agent's pid: a worker whose parent is gone stops itself

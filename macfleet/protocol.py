@@ -45,7 +45,7 @@ BYE = "bye"
 REPORT = "report"
 STDIN = "stdin"
 HOLD = "hold"
-STACKS = "stacks"  # to a rank: say where your threads are; from it: where they are
+STACKS = "stacks"  # to a rank: say where your threads are; to an agent {rank}: dump them; from either: where
 
 HEARTBEAT_S = 1.0
 # Control messages are small; anything bigger is an attack or a bug (libzmq would otherwise

@@ -147,6 +147,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def test_a_rank_stuck_holding_the_gil_is_shown_where_it_is() -> None:
+    """No thread of such a rank runs Python: it sends no heartbeat and cannot answer for its
+    stacks, so the report said only that it went silent. Its agent has faulthandler dump them."""
+    job = run_launch("--nproc", "2", "--heartbeat-timeout", "3", BEHAVE, "1", "gil", timeout=60)
+    assert job.code != 0
+    cause = job.stderr[job.stderr.index("root cause"):]
+    assert "rank 1 (localhost) sent no heartbeat for 3 s" in cause and "rank 1 was at:" in cause, job.stderr
+    stuck = next(n for n, line in enumerate(open(BEHAVE), 1) if "ctypes.PyDLL(None).sleep(600)" in line)
+    assert f'behave.py", line {stuck}, in native_deadlock' in cause and "thread MainThread" in cause, cause
+    assert "ctypes.PyDLL(None).sleep(600)" in cause  # the line's source, as a traceback shows it
+    assert "macfleet/" not in cause and "bootstrap.py" not in cause and "runpy" not in cause, cause
+
+
 def test_a_shared_memory_object_a_killed_rank_held_is_released() -> None:
     """Segments made as on macOS (POSIX objects, which outlive their processes until the Mac
     restarts): a rank killed between creating one and unlinking it leaves it to its agent."""

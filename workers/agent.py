@@ -35,10 +35,20 @@ from macfleet import netaddr, protocol, segments
 from macfleet.control import ControlClient
 from macfleet.lines import WholeLines, ends_line, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
+from macfleet.workers import dumps
 from macfleet.workers.awake import keep_awake, let_sleep
 
 TAIL_LINES = 40
 CATCH_UP_S = 2.0  # a rank's exit waits at most this long for its last output to be read
+DUMP_WAIT_S = 1.0  # and a dump of its stacks for faulthandler to write it
+
+
+@dataclass
+class _Dump:
+    """A dump of a rank's stacks asked for: read it once its file stops growing, or at ``until``."""
+
+    until: float
+    size: int = -1
 
 
 @dataclass
@@ -109,6 +119,11 @@ def data_address(spec: AgentSpec) -> str:
     return spec.data_addr
 
 
+def stacks_file(error_file: str) -> str:
+    """Where the rank's bootstrap has faulthandler dump its stacks when asked (``dumps``)."""
+    return error_file.removesuffix(".json") + ".stacks"
+
+
 def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: str, master_port: int,
                error_file: str) -> dict[str, str]:
     """The environment contract of ``macfleet.env``, built here and nowhere else."""
@@ -131,6 +146,7 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: st
         "MACFLEET_DEVICE": spec.device,
         "MACFLEET_SEED": str(spec.seed),
         "MACFLEET_ERROR_FILE": error_file,
+        "MACFLEET_STACKS_FILE": stacks_file(error_file),
         "MACFLEET_DATA_ADDR": data_addr,
         "MACFLEET_HOST": spec.host,
         "MACFLEET_AGENT_PID": str(os.getpid()),
@@ -196,6 +212,7 @@ class Agent:
         self.store: subprocess.Popen | None = None
         self.logs: dict[int, IO[bytes]] = {}  # by rank, with --log-dir
         self.awake: subprocess.Popen | None = None  # holds a Mac awake while its ranks run
+        self._dumps: dict[int, _Dump] = {}  # by rank: stacks asked for and not sent yet
 
     def run(self) -> int:
         threading.Thread(target=self._watch_stdin, daemon=True).start()
@@ -254,6 +271,8 @@ class Agent:
                 self.stop_reason = str(msg.get("reason"))
             elif msg.get("kind") == protocol.STDIN:
                 self._feed(bytes(msg.get("data") or b""), bool(msg.get("eof")))
+            elif msg.get("kind") == protocol.STACKS:
+                self._ask_for_dump(msg.get("rank"))
         if self.stop_reason is None:
             if self.launcher_gone.is_set():
                 self.stop_reason = "launcher gone"
@@ -375,10 +394,33 @@ class Agent:
         self._open_line[id(sink)] = None if piece.endswith(b"\n") else prefix
         return ends_line(piece)
 
+    def _ask_for_dump(self, rank: object) -> None:
+        """The coordinator heard nothing from ``rank`` (ours?): have faulthandler dump its stacks."""
+        for w in self.workers:
+            if w.rank == rank and w.proc.poll() is None and dumps.DUMP_SIGNAL is not None:
+                os.kill(w.proc.pid, dumps.DUMP_SIGNAL)
+                self._dumps[w.rank] = _Dump(time.monotonic() + DUMP_WAIT_S)
+
+    def _send_dumps(self) -> None:
+        """Each dump asked for, once its file has stopped growing (faulthandler writes it at
+        once, from the signal handler), or whatever there is when the wait is over."""
+        for rank, dump in list(self._dumps.items()):
+            path = stacks_file(os.path.join(self.tmpdir, f"error-{rank}.json"))
+            size = os.path.getsize(path) if os.path.exists(path) else 0
+            if (size == 0 or size != dump.size) and time.monotonic() < dump.until:
+                dump.size = size
+                continue
+            del self._dumps[rank]
+            with open(path, errors="replace") as f:
+                text = dumps.tidy(f.read())
+            if text:
+                self.client.send(protocol.STACKS, rank=rank, text=text)
+
     def _supervise(self) -> None:
         while any(w.exit is None for w in self.workers):
             self._beat()
             self._listen(0.05)
+            self._send_dumps()
             self._reap()
             self._check_store()
             if self.stop_reason is not None:

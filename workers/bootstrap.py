@@ -20,6 +20,7 @@ import time
 import traceback
 
 from macfleet import errorfile
+from macfleet.workers import dumps
 
 
 def main() -> None:
@@ -32,6 +33,8 @@ def main() -> None:
     # process) prints every thread's Python stack on stderr, whose last lines the report shows,
     # before the process dies of its signal as it would have: the line of the script that did it.
     faulthandler.enable()
+    if os.environ.get("MACFLEET_STACKS_FILE"):  # where a rank that holds the GIL for good is (dumps.py)
+        dumps.arm(os.environ["MACFLEET_STACKS_FILE"])
     script = os.path.abspath(sys.argv[1])
     code: object = 0
     try:

@@ -3,7 +3,7 @@
 Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by MODE
 (``raise``, ``exit3``, ``sigkill``, ``sigkill-holding-segment``: killed between creating a
 shared-memory segment and unlinking it, ``segfault``: a crash in native code, ``stuck``:
-alive but never back from a data loader, ``early``: shut down and exit 0, ``no-init``: exit 0
+alive but never back from a data loader, ``gil``: stuck in native code holding the GIL, ``early``: shut down and exit 0, ``no-init``: exit 0
 before ``macfleet.init()``, ``child``: raise, as every rank leaves a background process
 holding its stdout and stderr, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
@@ -25,6 +25,13 @@ import torch
 
 import macfleet
 
+
+
+def native_deadlock() -> None:
+    """Native code that never returns and holds the GIL (a C extension's deadlock, a GPU wait
+    that never ends): no thread of the process runs Python again, heartbeats included."""
+    import ctypes
+    ctypes.PyDLL(None).sleep(600)
 
 
 def next_batch() -> None:
@@ -72,6 +79,8 @@ if rank == fail_rank:
         ctypes.string_at(0)
     if mode == "stuck":
         next_batch()
+    if mode == "gil":
+        native_deadlock()
     if mode == "early":  # a clean finish, while the others still have collectives to do
         macfleet.shutdown()
         sys.exit(0)
