@@ -311,7 +311,10 @@ class Coordinator:
             self.send("agent-0", protocol.END)
         if exit_.code != 0:
             what = f"signal {exit_.signal}" if exit_.signal else f"exit code {exit_.code}"
-            self.fail(Failure(exit_.time, f"rank {exit_.rank} ({exit_.host}) failed with {what}", exit_.rank, exit_))
+            # Ordered by when it reached us, not by the host's clock: Macs' clocks differ by tens of
+            # milliseconds, more than a PeerLost takes to follow the failure that caused it (the
+            # ranks hear of that failure from us, after it has arrived).
+            self.fail(Failure(time.time(), f"rank {exit_.rank} ({exit_.host}) failed with {what}", exit_.rank, exit_))
         self._check_never_joined()
 
     def _check_never_joined(self) -> None:

@@ -550,3 +550,32 @@ def test_a_checkpoint_that_cannot_be_written_is_named_and_leaves_nothing(tmp_pat
     with pytest.raises(OSError, match=f"cannot write checkpoint {path}: "):
         atomic_save({"step": 1}, str(path))
     assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
+
+
+def test_the_root_cause_is_the_first_failure_to_arrive_whatever_the_hosts_clocks() -> None:
+    """Rank 1 fails on a Mac whose clock runs ahead; rank 0, told of it, exits with PeerLost on
+    a Mac whose clock is behind. Ordered by the agents' clocks, rank 0 was the root cause."""
+    import zmq
+
+    from macfleet.control import ControlClient
+    from macfleet.launcher.coordinator import Coordinator
+    from macfleet.protocol import EXIT, WorkerExit
+
+    ctx = zmq.Context()
+    secret = os.urandom(32)
+    coord = Coordinator(ctx, ["127.0.0.1"], secret, "job", world_size=2, num_agents=2, log=lambda _: None)
+    agents = [ControlClient(ctx, coord.endpoints["127.0.0.1"], secret, "job", f"agent-{i}") for i in range(2)]
+    try:
+        now = time.time()
+        for agent, rank, clock, kind in ((agents[1], 1, now + 5, "ValueError"), (agents[0], 0, now - 5, "PeerLost")):
+            agent.send(EXIT, **WorkerExit(rank, f"mac{rank}", 100 + rank, 1, None, clock, {"type": kind}).to_fields())
+            deadline = time.monotonic() + 10
+            while rank not in coord.exits and time.monotonic() < deadline:
+                coord.poll(0.1)
+        root = coord.root_cause()
+        assert root is not None and root.rank == 1, root
+    finally:
+        for agent in agents:
+            agent.close()
+        coord.close()
+        ctx.destroy(linger=0)
