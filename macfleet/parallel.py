@@ -30,6 +30,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import warnings
 import weakref
 from collections import deque
 from contextlib import contextmanager
@@ -111,6 +112,8 @@ class DataParallel(nn.Module):
             _check_trainable([(n, p) for n, p in module.named_parameters() if p.requires_grad], self.runtime.device)
             return
         assert self.runtime.collectives is not None  # several ranks: there is a ring
+        if self.runtime.rank == 0:
+            _warn_of_unsynced_batch_norm(module)
         self._collectives: Collectives = self.runtime.collectives  # for the hooks below
         self._collectives.step_share = self.scale / self.runtime.world_size  # its part of each step
         with torch.no_grad(), rt.on_behalf_of("DataParallel (start)"):
@@ -480,6 +483,21 @@ def _eagerly(fn: Callable[[], None]) -> Callable[[], None]:
     trace, and guarded the graph on counters that change. Not applied once at import: that
     imports torch._dynamo, 1.3 s of every rank's start, for the scripts that never compile."""
     return torch.compiler.disable(fn) if _is_compiling() else fn
+
+
+def _warn_of_unsynced_batch_norm(module: nn.Module) -> None:
+    """torch's SyncBatchNorm shares batch statistics through torch.distributed's process group,
+    and where there is none it runs as a plain BatchNorm, silently: a DDP script converted with
+    ``convert_sync_batchnorm`` trains here with each rank's statistics alone."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return  # the script has a process group of its own: SyncBatchNorm uses it
+    names = [name for name, m in module.named_modules() if isinstance(m, nn.SyncBatchNorm)]
+    if names:
+        more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+        warnings.warn(f"module {names[0]!r}{more} is an nn.SyncBatchNorm, which shares batch statistics through "
+                      f"torch.distributed's process group; under macfleet there is none, so it normalizes each "
+                      f"rank's batch alone, as nn.BatchNorm does (DataParallel broadcasts rank 0's running "
+                      f"statistics at each training forward)", stacklevel=3)
 
 
 def _share_scale(shares: Sequence[float] | None, rank: int, world: int) -> float:

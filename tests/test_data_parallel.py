@@ -119,6 +119,20 @@ def test_buffers_are_broadcast_from_rank_0(tmp_path) -> None:
     assert job.code == 0, job.output
 
 
+def test_a_sync_batch_norm_that_cannot_sync_is_pointed_out_once(tmp_path) -> None:
+    """torch's SyncBatchNorm runs as a plain BatchNorm without torch.distributed's process
+    group, silently: a DDP script converted with convert_sync_batchnorm lost its statistics' sync."""
+    script = tmp_path / "sbn.py"
+    script.write_text("import torch, macfleet\nfrom torch import nn\nmacfleet.init()\n"
+                      "net = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4)))\n"
+                      "model = macfleet.DataParallel(net)\nmodel(torch.randn(2, 1, 8, 8)).sum().backward()\n")
+    job = run_launch("--nproc", "2", str(script), timeout=60)
+    assert job.code == 0, job.output
+    said = [line for line in job.stderr.splitlines() if "is an nn.SyncBatchNorm" in line]
+    assert len(said) == 1 and said[0].startswith("[rank 0]") and "module '1' is an nn.SyncBatchNorm" in said[0], job.stderr
+    assert "sbn.py:5" in said[0]  # the script's line that wrapped it
+
+
 def test_training_on_after_an_exception_in_backward_is_refused() -> None:
     """An out-of-memory error caught mid-backward (the skip-the-batch pattern) leaves the rank's
     buckets half released: the next step must be an error, not gradients never averaged."""
