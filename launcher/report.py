@@ -22,7 +22,7 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
             lines += ["  " + line for line in str(error["traceback"]).rstrip().splitlines()]
         elif root.exit.tail:
             lines.append("  no error file; last lines of its stderr:")
-            lines += ["  " + line for line in root.exit.tail]
+            lines += ["  " + line for entry in root.exit.tail for line in entry.splitlines()]
     else:
         lines.append("  " + root.reason)
         lines += ["  " + line for line in root.detail.splitlines()]

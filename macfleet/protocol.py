@@ -109,9 +109,39 @@ class WorkerExit:
     def to_fields(self) -> dict[str, Any]:
         return asdict(self)
 
+    def fitted(self) -> "WorkerExit":
+        """This exit cut to fit one control message (a header of at most 16 KiB). An exception
+        whose message holds a tensor's repr, or a stderr line with no end, made it larger: the
+        coordinator dropped it, and the job waited for an exit that never came. The start and
+        the end of each text are kept (a traceback ends with the exception), and the last lines
+        of the tail."""
+        error = None if self.error is None else {
+            key: _cut(value, TRACEBACK_BYTES if key == "traceback" else FIELD_BYTES) if isinstance(value, str)
+            else value for key, value in self.error.items()}
+        tail: list[str] = []
+        for line in reversed(self.tail):
+            line = _cut(line, FIELD_BYTES)
+            if sum(len(t.encode()) for t in tail) + len(line.encode()) > TAIL_BYTES:
+                break
+            tail.insert(0, line)
+        return WorkerExit(self.rank, self.host, self.pid, self.code, self.signal, self.time, error, tail)
+
     @classmethod
     def from_fields(cls, fields: dict[str, Any]) -> "WorkerExit":
         names = cls.__dataclass_fields__
         picked = {k: fields[k] for k in names if k in fields}
         picked["tail"] = list(picked.get("tail") or ())
         return cls(**picked)
+
+
+TRACEBACK_BYTES, FIELD_BYTES, TAIL_BYTES = 6 << 10, 1 << 10, 4 << 10  # of an exit: well inside a header
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` in at most about ``limit`` bytes of UTF-8: its first quarter and the rest from its end."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    head = limit // 4
+    return (f"{data[:head].decode(errors='ignore')}\n... ({len(data) - limit} bytes cut) ...\n"
+            f"{data[len(data) - (limit - head):].decode(errors='ignore')}")

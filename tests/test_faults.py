@@ -160,6 +160,23 @@ def test_a_rank_stuck_holding_the_gil_is_shown_where_it_is() -> None:
     assert "macfleet/" not in cause and "bootstrap.py" not in cause and "runpy" not in cause, cause
 
 
+@pytest.mark.parametrize("mode", ["huge-error", "huge-line"])
+def test_a_failure_too_large_for_one_message_is_reported_cut(mode: str) -> None:
+    """An exit whose traceback or stderr tail passed a control message's 16 KiB was dropped by
+    the coordinator: the job then waited for an exit that never came (over a minute, blamed on
+    a stall or a heartbeat). It must come, cut, keeping both ends."""
+    job = run_launch("--nproc", "2", BEHAVE, "1", mode, timeout=60)
+    cause = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+    if mode == "huge-error":
+        assert job.code == 1 and "rank 1 (host localhost" in cause and "exited with code 1" in cause, job.stderr
+        assert 'behave.py", line' in cause and "ValueError: shapes differ: [0, 1, 2" in cause, cause
+    else:
+        assert job.code == 3 and "rank 1 (host localhost" in cause and "exited with code 3" in cause, job.stderr
+        assert "xxxxx" in cause
+    assert " END" in cause and "bytes cut)" in cause, cause
+    assert job.seconds < 30
+
+
 def test_a_shared_memory_object_a_killed_rank_held_is_released() -> None:
     """Segments made as on macOS (POSIX objects, which outlive their processes until the Mac
     restarts): a rank killed between creating one and unlinking it leaves it to its agent."""

@@ -579,3 +579,21 @@ def test_the_root_cause_is_the_first_failure_to_arrive_whatever_the_hosts_clocks
             agent.close()
         coord.close()
         ctx.destroy(linger=0)
+
+
+def test_an_exit_of_any_size_fits_one_control_message() -> None:
+    """Tracebacks and tails of any size and script (multi-byte UTF-8 too) must pack into one
+    header the coordinator takes, with the ends of each text kept."""
+    from macfleet.protocol import WorkerExit
+
+    for char in ("x", "é", "漢", "🙂"):
+        huge = "start " + char * 50_000 + " END"
+        exit_ = WorkerExit(1, "mac", 7, 1, None, 0.0, {"type": "ValueError", "message": huge, "traceback": huge},
+                           [huge] * 40)
+        fitted = exit_.fitted()
+        _, header = wire.pack(os.urandom(32), {"job": "j", "kind": "exit", "from": "agent-0", "seq": 1,
+                                               **fitted.to_fields()})
+        assert len(header) <= wire.MAX_HEADER_BYTES, (char, len(header))
+        text = fitted.error["traceback"]
+        assert text.startswith("start ") and text.endswith(" END") and "bytes cut" in text
+        assert fitted.tail and fitted.tail[-1].endswith(" END")

@@ -457,7 +457,7 @@ class Agent:
                 signal=signame, time=w.exited_at, error=_read_json(w.error_file),
                 tail=list(w.tail) if code != 0 else [],
             )
-            self.client.send(protocol.EXIT, **w.exit.to_fields())
+            self.client.send(protocol.EXIT, **w.exit.fitted().to_fields())
 
     def _stop_workers(self) -> None:
         """Ranks get a grace period to exit on their own (an abort raises in their collectives),

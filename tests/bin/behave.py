@@ -3,7 +3,8 @@
 Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by MODE
 (``raise``, ``exit3``, ``sigkill``, ``sigkill-holding-segment``: killed between creating a
 shared-memory segment and unlinking it, ``segfault``: a crash in native code, ``stuck``:
-alive but never back from a data loader, ``gil``: stuck in native code holding the GIL, ``early``: shut down and exit 0, ``no-init``: exit 0
+alive but never back from a data loader, ``gil``: stuck in native code holding the GIL, ``huge-error`` / ``huge-line``: an
+exception or a stderr line too large for one control message, ``early``: shut down and exit 0, ``no-init``: exit 0
 before ``macfleet.init()``, ``child``: raise, as every rank leaves a background process
 holding its stdout and stderr, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
@@ -81,6 +82,12 @@ if rank == fail_rank:
         next_batch()
     if mode == "gil":
         native_deadlock()
+    if mode == "huge-error":  # an exception whose message holds a tensor's repr
+        raise ValueError("shapes differ: " + repr(list(range(20000))) + " END")
+    if mode == "huge-line":  # a stderr line with no end (binary output), then a crash with no traceback
+        sys.stderr.write("x" * 300_000 + " END\n")
+        sys.stderr.flush()
+        os._exit(3)
     if mode == "early":  # a clean finish, while the others still have collectives to do
         macfleet.shutdown()
         sys.exit(0)
