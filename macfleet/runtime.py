@@ -61,6 +61,7 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
+_left: Runtime | None = None  # the job this process left (shutdown): its facts stay; its place is gone
 
 
 def init(device: str | None = None, streams: int | None = None, timeout_s: float | None = None) -> Runtime:
@@ -75,6 +76,9 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     global _runtime
     if _runtime is not None:
         return _runtime
+    if _left is not None:  # joining again would wait for a rendezvous that is long over, unheard (no secret)
+        raise ConfigError("this rank left the job with macfleet.shutdown(): a collective, DataParallel or "
+                          "macfleet.init() after it cannot run; call macfleet.shutdown() last")
     _refuse_subprocess_of_a_rank()
     env = WorkerEnv.from_environ()
     if env.coordinator is None and env.world_size > 1:
@@ -265,10 +269,11 @@ def _orphaned(env: WorkerEnv) -> bool:
 def shutdown() -> None:
     """Deliver what this rank still sends, close sockets and stop the control thread. Safe to
     call twice."""
-    global _runtime
+    global _runtime, _left
     rt, _runtime = _runtime, None
     if rt is None or rt.ctx is None or rt.pid != os.getpid():
         return  # nothing to close; or a forked child's exit, whose sockets and job directory are its parent's
+    _left = Runtime(rt.env, rt.device, None, None, None)  # what it was, without the means (buffers, sockets)
     _orphaned(rt.env)
     _close_data_plane(rt)
     if rt.control is not None:
@@ -397,33 +402,38 @@ class _ControlThread(threading.Thread):
 
 
 # -- the public functions, on the process's runtime ----------------------------------------
+def _facts() -> Runtime:
+    """The runtime, for what this rank is: still known after it has left the job."""
+    return _runtime or _left or init()
+
+
 def rank() -> int:
-    return runtime().rank
+    return _facts().rank
 
 
 def world_size() -> int:
-    return runtime().world_size
+    return _facts().world_size
 
 
 def local_rank() -> int:
-    return runtime().env.local_rank
+    return _facts().env.local_rank
 
 
 def device() -> torch.device:
     """The torch device this process trains on."""
-    return runtime().device.torch_device
+    return _facts().device.torch_device
 
 
 def memory() -> dict[str, int]:
     """This process's device memory in bytes: ``allocated`` (held by tensors) and ``reserved``
     (held from the driver, the allocator's cache included); empty on a CPU."""
-    return runtime().device.memory()
+    return _facts().device.memory()
 
 
 def empty_cache() -> None:
     """Give the device allocator's cached blocks back, e.g. once an epoch: on a Mac its ranks
     share one memory, and the MPS cache keeps blocks of every shape it has seen."""
-    runtime().device.empty_cache()
+    _facts().device.empty_cache()
 
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum", name: str = "tensor", compression: str = "none") -> torch.Tensor:

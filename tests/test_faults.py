@@ -177,6 +177,19 @@ def test_a_failure_too_large_for_one_message_is_reported_cut(mode: str) -> None:
     assert job.seconds < 30
 
 
+def test_a_collective_after_shutdown_is_an_error_not_a_hang() -> None:
+    """It used to join the job again, without the job's secret (gone at the first init): every
+    message was dropped as unauthenticated, and the rank waited until stopped. What a rank is
+    (rank, world size) stays known after it has left."""
+    job = run_launch("--nproc", "2", BEHAVE, "1", "after-shutdown", timeout=60)
+    assert job.code == 1, job.output
+    assert "[rank 0] left as rank 0 of 2" in job.stdout and "[rank 1] left as rank 1 of 2" in job.stdout
+    cause = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+    assert "rank 1 (host localhost" in cause and "ConfigError: this rank left the job with macfleet.shutdown()" in cause
+    assert "malformed" not in job.stderr
+    assert job.seconds < 30
+
+
 def test_a_shared_memory_object_a_killed_rank_held_is_released() -> None:
     """Segments made as on macOS (POSIX objects, which outlive their processes until the Mac
     restarts): a rank killed between creating one and unlinking it leaves it to its agent."""

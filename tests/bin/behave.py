@@ -4,7 +4,8 @@ Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by 
 (``raise``, ``exit3``, ``sigkill``, ``sigkill-holding-segment``: killed between creating a
 shared-memory segment and unlinking it, ``segfault``: a crash in native code, ``stuck``:
 alive but never back from a data loader, ``gil``: stuck in native code holding the GIL, ``huge-error`` / ``huge-line``: an
-exception or a stderr line too large for one control message, ``early``: shut down and exit 0, ``no-init``: exit 0
+exception or a stderr line too large for one control message, ``after-shutdown``: a
+collective after ``macfleet.shutdown()``, ``early``: shut down and exit 0, ``no-init``: exit 0
 before ``macfleet.init()``, ``child``: raise, as every rank leaves a background process
 holding its stdout and stderr, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
@@ -91,6 +92,12 @@ if rank == fail_rank:
     if mode == "early":  # a clean finish, while the others still have collectives to do
         macfleet.shutdown()
         sys.exit(0)
+if mode == "after-shutdown":  # every rank leaves the job; one goes on with a collective
+    macfleet.shutdown()
+    print(f"left as rank {macfleet.rank()} of {macfleet.world_size()}", flush=True)
+    if rank == fail_rank:
+        macfleet.all_reduce(torch.ones(8))
+    sys.exit(0)
 mismatch = {"numel": lambda: macfleet.all_reduce(torch.ones(9)),
             "rop": lambda: macfleet.all_reduce(torch.ones(8), op="max"),
             "dtype": lambda: macfleet.all_reduce(torch.ones(8, dtype=torch.int32)),
