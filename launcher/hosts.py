@@ -83,6 +83,8 @@ def parse_hostfile(path: str, default_slots: int = 1) -> list[Host]:
                     slots = int(value)
                 elif key == "addr" and sep and value:
                     addr = data_address(value, f"{where}: addr=")
+                elif key in ("max_slots", "max-slots") and sep and value.isdigit():
+                    pass  # OpenMPI's cap on oversubscribing: we start exactly slots ranks
                 else:
                     raise ValueError(f"{where}: cannot read {option!r} (expected slots=N or addr=IP)")
             hosts.append(_host(name, slots, addr, where))

@@ -152,6 +152,12 @@ def test_hostfile_names_the_bad_line(tmp_path) -> None:
         parse_hostfile(str(path))
     path.write_text("mini1 addr=[fd00::2]\n")
     assert parse_hostfile(str(path))[0].addr == "fd00::2"
+    # OpenMPI's hostfiles cap oversubscription with max_slots; it was refused as unreadable
+    path.write_text("mini1 slots=2 max_slots=4\nmini2 max_slots=x\n")
+    with pytest.raises(ValueError, match=r":2: cannot read 'max_slots=x'"):
+        parse_hostfile(str(path))
+    path.write_text("mini1 slots=2 max_slots=4\n")
+    assert [(h.name, h.slots) for h in parse_hostfile(str(path))] == [("mini1", 2)]
 
 
 # -- sampler ----------------------------------------------------------------------------------
