@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import click
 
+from macfleet import knobs
 from macfleet.env import DEVICES
 from macfleet.launcher.hosts import Host, data_address, parse_hostfile, parse_hosts
 from macfleet.launcher.launch import LaunchConfig, run_with_restarts
@@ -95,6 +96,9 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
         if not sep or not key.isidentifier():
             raise click.BadParameter(f"{pair!r} is not K=V", param_hint="--env")
         env[key] = value
+    wrong = knobs.problems({**os.environ, **env})  # before any rank starts, once, not once a rank
+    if wrong:
+        raise click.UsageError("; ".join(wrong))
     cwd = os.path.abspath(cwd or os.getcwd())
     if any(h.is_local for h in host_list):  # remote hosts' agents report their own
         if not os.path.isdir(cwd):

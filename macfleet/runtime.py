@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 import zmq
 
-from macfleet import backends, errorfile, hostops, segments
+from macfleet import backends, errorfile, hostops, knobs, segments
 from macfleet import protocol
 from macfleet.collectives import SMALL_BYTES, ZERO_COPY_BYTES, Collectives
 from macfleet.control import ControlClient
@@ -34,9 +34,9 @@ from macfleet.errors import ConfigError, RendezvousError
 from macfleet.shm import LocalGroup, default_slot_bytes
 from macfleet.transport import Liveness, Ring
 
-DEFAULT_TIMEOUT_S = float(os.environ.get("MACFLEET_TIMEOUT", "600"))
+DEFAULT_TIMEOUT_S = 600.0  # MACFLEET_TIMEOUT
 MAX_FRAME_BYTES = 8 << 20  # the largest chunk a peer may send (MAXMSGSIZE on data sockets)
-RENDEZVOUS_TIMEOUT_S = float(os.environ.get("MACFLEET_RENDEZVOUS_TIMEOUT", "600"))
+RENDEZVOUS_TIMEOUT_S = 600.0  # MACFLEET_RENDEZVOUS_TIMEOUT
 
 
 @dataclass
@@ -98,7 +98,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
 
     # Two socket pairs per direction by default: measured on 16 cores, a two-member ring ran
     # 1.1-1.5x faster with them; rings of more members only use the first (see Collectives).
-    explicit = streams or (int(os.environ["MACFLEET_STREAMS"]) if os.environ.get("MACFLEET_STREAMS") else None)
+    explicit = streams or knobs.count("MACFLEET_STREAMS", None)
     streams = explicit or 2
     if streams < 1:
         raise ConfigError(f"streams must be >= 1, not {streams}")
@@ -106,12 +106,12 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     # socket waits on another's thread
     data_ctx = zmq.Context(io_threads=min(16, 4 * streams))
     liveness = Liveness()
-    timeout_s = timeout_s or DEFAULT_TIMEOUT_S
+    timeout_s = timeout_s or knobs.seconds("MACFLEET_TIMEOUT", DEFAULT_TIMEOUT_S)
     ring = local = leaders = None
     # Shared memory: this host's ranks reduce through one segment; across hosts only each host's
     # first rank joins a ring (of "leaders"). MACFLEET_SHM=0 switches it off (pure ZeroMQ).
     shm_dir = os.environ.get("MACFLEET_SHM_DIR")
-    shared_memory = env.world_size > 1 and bool(shm_dir) and os.environ.get("MACFLEET_SHM", "1") != "0"
+    shared_memory = env.world_size > 1 and bool(shm_dir) and knobs.switch("MACFLEET_SHM", True)
     multi_host = env.world_size > env.local_world_size
     try:
         if env.world_size > 1:
@@ -119,7 +119,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
                         timeout_s)
         if shared_memory and env.local_world_size > 1:
             local = LocalGroup(shm_dir or "", env.job_id, env.rank - env.local_rank, env.local_world_size,
-                               env.local_rank, _env_bytes("MACFLEET_SHM_SLOT_BYTES",
+                               env.local_rank, knobs.nbytes("MACFLEET_SHM_SLOT_BYTES",
                                                           default_slot_bytes(env.local_world_size)),
                                liveness, timeout_s, objects=segments.use_objects())
         if shared_memory and multi_host and env.local_rank == 0:
@@ -154,11 +154,11 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     if ring is not None:
         collectives = Collectives(
             ring,
-            chunk_bytes=min(MAX_FRAME_BYTES, _env_bytes("MACFLEET_CHUNK_BYTES", 4 << 20)),
-            small_bytes=_env_bytes("MACFLEET_SMALL_BYTES", SMALL_BYTES),
-            min_part_bytes=_env_bytes("MACFLEET_MIN_PART_BYTES", 256 << 10),
-            inline_bytes=_env_bytes("MACFLEET_INLINE_BYTES", hostops.INLINE_BYTES),
-            zero_copy_bytes=_env_bytes("MACFLEET_ZERO_COPY_BYTES", ZERO_COPY_BYTES),
+            chunk_bytes=min(MAX_FRAME_BYTES, knobs.nbytes("MACFLEET_CHUNK_BYTES", 4 << 20)),
+            small_bytes=knobs.nbytes("MACFLEET_SMALL_BYTES", SMALL_BYTES),
+            min_part_bytes=knobs.nbytes("MACFLEET_MIN_PART_BYTES", 256 << 10),
+            inline_bytes=knobs.nbytes("MACFLEET_INLINE_BYTES", hostops.INLINE_BYTES),
+            zero_copy_bytes=knobs.nbytes("MACFLEET_ZERO_COPY_BYTES", ZERO_COPY_BYTES),
             local=local, leaders=leaders, shared_memory=shared_memory, all_streams=explicit is not None,
         )
         control.status = collectives.status
@@ -187,19 +187,6 @@ def _refuse_subprocess_of_a_rank() -> None:
         except OSError:
             pass
     raise error
-
-
-def _env_bytes(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of bytes") from None
-    if value < 1:
-        raise ConfigError(f"{name} must be positive")
-    return value
 
 
 def runtime() -> Runtime:
@@ -341,7 +328,8 @@ class _ControlThread(threading.Thread):
         self.outbox.put((protocol.REGISTER, {"rank": self.env.rank, "endpoints": endpoints, "pid": os.getpid(),
                                              "host": self.env.host, "local_rank": self.env.local_rank,
                                              "device": self.device, "mps_available": backends.mps_available()}))
-        deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
+        limit = knobs.seconds("MACFLEET_RENDEZVOUS_TIMEOUT", RENDEZVOUS_TIMEOUT_S)
+        deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             self.liveness.check()
             try:
@@ -352,7 +340,7 @@ class _ControlThread(threading.Thread):
                 rows = reply["table"]
                 return {int(row[0]): dict(row[1]) for row in rows}, {int(row[0]): int(row[2]) for row in rows}
         raise RendezvousError(
-            f"rank {self.env.rank}: not every rank registered within {RENDEZVOUS_TIMEOUT_S:.0f} s "
+            f"rank {self.env.rank}: not every rank registered within {limit:.0f} s "
             f"(coordinator {self.env.coordinator})"
         )
 

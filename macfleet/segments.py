@@ -26,6 +26,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from macfleet import knobs
 from macfleet.errors import ConfigError
 
 try:  # what multiprocessing.shared_memory uses: shm_open without ctypes (variadic on macOS arm64)
@@ -38,10 +39,7 @@ PREFIX = "shm-"  # every segment's name starts so (markers, in objects mode)
 
 def use_objects() -> bool:
     """Objects on macOS (and where ``MACFLEET_SHM_OBJECTS=1``), files elsewhere."""
-    chosen = os.environ.get("MACFLEET_SHM_OBJECTS")
-    if chosen is not None:
-        return chosen == "1" and _posixshmem is not None
-    return sys.platform == "darwin" and _posixshmem is not None
+    return knobs.switch("MACFLEET_SHM_OBJECTS", sys.platform == "darwin") and _posixshmem is not None
 
 
 def object_name(name: str) -> str:

@@ -12,7 +12,6 @@ anything else is drained, counted in ``dropped`` and ignored.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -20,14 +19,14 @@ from typing import Any
 
 import zmq
 
-from macfleet import netaddr, wire
+from macfleet import knobs, netaddr, wire
 from macfleet.errors import CollectiveTimeout, JobAborted, PeerLost, ProtocolError, RendezvousError
 
 POLL_SLICE_MS = 100  # how often a blocked wait looks at the abort flag
 HEADER_SLACK = 64 * 1024
 # Every rank has registered when the ring connects, so a connection that is not up in this long
 # will not come up: a firewall drops it, or the address is not reachable from here.
-CONNECT_TIMEOUT_S = float(os.environ.get("MACFLEET_CONNECT_TIMEOUT", "30"))
+CONNECT_TIMEOUT_S = 30.0  # MACFLEET_CONNECT_TIMEOUT
 
 
 class Liveness:
@@ -261,11 +260,12 @@ class Ring:
                 raise RendezvousError(f"rank {ch.next_rank} published no endpoint for channel {ch.id.name}")
             ch.connect(peer[ch.id.name])
 
-    def handshake(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    def handshake(self, timeout_s: float | None = None) -> None:
         """Exchange one message on every channel, so that an unreachable neighbour fails init
         within ``timeout_s``, not step 1 after the collective timeout. A rank that cannot
         connect knows it first and says why; the neighbour it cannot reach, which only sees
         silence, waits a little longer, so the report's root cause is the one that explains."""
+        timeout_s = timeout_s or knobs.seconds("MACFLEET_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S)
         deadline = time.monotonic() + timeout_s
         for ch in self.channels:
             ch.begin(-1)

@@ -222,8 +222,8 @@ def test_bad_flags_are_usage_errors() -> None:
         assert "Traceback" not in job.stderr and "Error" in job.stderr, job.stderr
 
 
-def test_host_lists_that_would_not_run_as_written_are_usage_errors() -> None:
-    """``--nproc`` is the slots of hosts listed without any; with Horovod's habit (a total, -np)
+def test_host_lists_and_knobs_that_would_not_run_as_written_are_usage_errors() -> None:
+    """Knobs (MACFLEET_*) are checked before any rank starts, not by every rank. ``--nproc`` is the slots of hosts listed without any; with Horovod's habit (a total, -np)
     a host list that gives every host's slots ignored it silently. And this machine listed
     under two names started two agents, whose ranks exchanged over sockets, not shared memory."""
     for args, says in ((["--nproc", "3", "--hosts", "localhost:2"], "--nproc 3 gives the slots of hosts listed "
@@ -232,6 +232,9 @@ def test_host_lists_that_would_not_run_as_written_are_usage_errors() -> None:
         job = run_launch(*args, BEHAVE, "-1", "none")
         assert job.code == 2 and says in job.stderr, job.stderr
         assert "Traceback" not in job.stderr and "[rank" not in job.stdout
+    job = run_launch("--nproc", "2", "--env", "MACFLEET_STREAMS=two", BEHAVE, "-1", "none", env={"MACFLEET_SHM": "off"})
+    assert job.code == 2 and "MACFLEET_STREAMS='two' is not a whole number" in job.stderr, job.stderr
+    assert "MACFLEET_SHM='off': give 1 (on) or 0 (off)" in job.stderr and "[rank" not in job.stdout
     job = run_launch("--nproc", "2", "--hosts", "localhost:2", BEHAVE, "-1", "none", timeout=60)  # -np's sense
     assert job.code == 0 and job.stdout.count("finished") == 2, job.output
 

@@ -603,3 +603,19 @@ def test_an_exit_of_any_size_fits_one_control_message() -> None:
         text = fitted.error["traceback"]
         assert text.startswith("start ") and text.endswith(" END") and "bytes cut" in text
         assert fitted.tail and fitted.tail[-1].endswith(" END")
+
+
+def test_knobs_are_checked_and_named() -> None:
+    """int() of MACFLEET_STREAMS=abc was a ValueError from every rank, MACFLEET_STREAMS=0 meant
+    the default, a negative MACFLEET_TIMEOUT no wait at all, MACFLEET_SHM=yes on."""
+    from macfleet import knobs
+
+    bad = {"MACFLEET_STREAMS": "0", "MACFLEET_TIMEOUT": "-1", "MACFLEET_SHM": "yes", "MACFLEET_CHUNK_BYTES": "4M",
+           "MACFLEET_CONNECT_TIMEOUT": "nan"}
+    found = knobs.problems(bad)
+    assert len(found) == len(bad) and all(any(name in f for f in found) for name in bad), found
+    good = {"MACFLEET_STREAMS": "2", "MACFLEET_TIMEOUT": "0.5", "MACFLEET_SHM": "0", "MACFLEET_CHUNK_BYTES": "4096",
+            "MACFLEET_SHM_OBJECTS": "1", "MACFLEET_RENDEZVOUS_TIMEOUT": ""}
+    assert knobs.problems(good) == []
+    assert knobs.count("MACFLEET_STREAMS", None, good) == 2 and knobs.seconds("MACFLEET_TIMEOUT", 9, good) == 0.5
+    assert knobs.switch("MACFLEET_SHM", True, good) is False and knobs.seconds("MACFLEET_RENDEZVOUS_TIMEOUT", 9, good) == 9

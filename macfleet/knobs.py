@@ -1,0 +1,82 @@
+"""The tuning knobs a user sets through the environment (``MACFLEET_STREAMS=2``, ...), read and
+checked in one place.
+
+Each knob is read when it is used, so a bad value is a ``ConfigError`` naming the variable,
+never a ``ValueError`` from ``int()`` at import, and never a value that quietly means something
+else (``MACFLEET_STREAMS=0`` used to mean the default, a negative timeout no wait at all). The
+launcher checks every knob it forwards before it starts a rank (``problems``), so a typo is one
+usage error on the launching Mac instead of the same traceback from every rank.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from macfleet.errors import ConfigError
+
+BYTES = ("MACFLEET_CHUNK_BYTES", "MACFLEET_SMALL_BYTES", "MACFLEET_MIN_PART_BYTES", "MACFLEET_INLINE_BYTES",
+         "MACFLEET_ZERO_COPY_BYTES", "MACFLEET_SHM_SLOT_BYTES")
+COUNTS = ("MACFLEET_STREAMS",)
+SECONDS = ("MACFLEET_TIMEOUT", "MACFLEET_RENDEZVOUS_TIMEOUT", "MACFLEET_CONNECT_TIMEOUT")
+SWITCHES = ("MACFLEET_SHM", "MACFLEET_SHM_OBJECTS")
+
+
+def nbytes(name: str, default: int, environ: Mapping[str, str] = os.environ) -> int:
+    """A size in bytes, at least 1."""
+    return _whole(name, default, "a number of bytes", environ)
+
+
+def count(name: str, default: int | None, environ: Mapping[str, str] = os.environ) -> int | None:
+    """A count, at least 1 (``default`` where unset)."""
+    return _whole(name, default, "a whole number", environ)
+
+
+def seconds(name: str, default: float, environ: Mapping[str, str] = os.environ) -> float:
+    """A duration in seconds, above 0."""
+    raw = environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{name}={raw!r}: give a number of seconds above 0")
+    return value
+
+
+def switch(name: str, default: bool, environ: Mapping[str, str] = os.environ) -> bool:
+    """``1`` or ``0``."""
+    raw = environ.get(name)
+    if not raw:
+        return default
+    if raw not in ("0", "1"):
+        raise ConfigError(f"{name}={raw!r}: give 1 (on) or 0 (off)")
+    return raw == "1"
+
+
+def problems(environ: Mapping[str, str]) -> list[str]:
+    """What is wrong with the knobs set in ``environ``, one message each."""
+    found = []
+    checks = [(name, nbytes) for name in BYTES] + [(name, count) for name in COUNTS] + \
+        [(name, seconds) for name in SECONDS] + [(name, switch) for name in SWITCHES]
+    for name, read in checks:
+        try:
+            read(name, 1, environ)
+        except ConfigError as exc:
+            found.append(str(exc))
+    return found
+
+
+def _whole(name: str, default: int | None, what: str, environ: Mapping[str, str]) -> int | None:
+    raw = environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not {what}") from None
+    if value < 1:
+        raise ConfigError(f"{name}={raw!r}: give {what} of at least 1")
+    return value
