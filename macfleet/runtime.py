@@ -88,6 +88,9 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
             f"WORLD_SIZE={env.world_size} is set, but this process was not started by macfleet launch "
             f"(MACFLEET_COORDINATOR is not set, as under torchrun): run the script with "
             f"`macfleet launch --nproc {env.world_size} SCRIPT`, or unset WORLD_SIZE to train in one process")
+    wrong = knobs.problems(os.environ)  # now, before any socket or segment exists to be cleaned up
+    if wrong:
+        raise ConfigError("; ".join(wrong))
     os.environ.pop("MACFLEET_JOB_SECRET", None)  # the script's own subprocesses have no business with it
     dev = backends.select(device or env.device, env.local_rank)
     dev.apply_memory_fraction(env.memory_fraction)

@@ -47,6 +47,7 @@ DUMP_WAIT_S = 1.0  # and a dump of its stacks for faulthandler to write it
 class _Dump:
     """A dump of a rank's stacks asked for: read it once its file stops growing, or at ``until``."""
 
+    path: str  # where faulthandler writes it
     until: float
     size: int = -1
 
@@ -398,21 +399,26 @@ class Agent:
         """The coordinator heard nothing from ``rank`` (ours?): have faulthandler dump its stacks."""
         for w in self.workers:
             if w.rank == rank and w.proc.poll() is None and dumps.DUMP_SIGNAL is not None:
-                os.kill(w.proc.pid, dumps.DUMP_SIGNAL)
-                self._dumps[w.rank] = _Dump(time.monotonic() + DUMP_WAIT_S)
+                try:
+                    os.kill(w.proc.pid, dumps.DUMP_SIGNAL)
+                except ProcessLookupError:
+                    return  # it has just exited: its exit says more
+                self._dumps[w.rank] = _Dump(stacks_file(w.error_file), time.monotonic() + DUMP_WAIT_S)
 
     def _send_dumps(self) -> None:
         """Each dump asked for, once its file has stopped growing (faulthandler writes it at
         once, from the signal handler), or whatever there is when the wait is over."""
         for rank, dump in list(self._dumps.items()):
-            path = stacks_file(os.path.join(self.tmpdir, f"error-{rank}.json"))
-            size = os.path.getsize(path) if os.path.exists(path) else 0
+            size = os.path.getsize(dump.path) if os.path.exists(dump.path) else 0
             if (size == 0 or size != dump.size) and time.monotonic() < dump.until:
                 dump.size = size
                 continue
             del self._dumps[rank]
-            with open(path, errors="replace") as f:
-                text = dumps.tidy(f.read())
+            try:
+                with open(dump.path, errors="replace") as f:
+                    text = dumps.tidy(f.read())
+            except OSError:
+                continue  # never armed (the script replaced the handler before it could dump, say)
             if text:
                 self.client.send(protocol.STACKS, rank=rank, text=text)
 

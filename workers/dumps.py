@@ -33,7 +33,10 @@ def arm(path: str) -> None:
     own handler for that signal replaces this one: it only loses the dump)."""
     if DUMP_SIGNAL is None:
         return
-    f = open(path, "w")
+    try:
+        f = open(path, "w")
+    except OSError:
+        return  # no dump, rather than no script
     _kept.append(f)
     faulthandler.register(DUMP_SIGNAL, file=f, all_threads=True)
 
