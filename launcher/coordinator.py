@@ -30,6 +30,24 @@ class Failure:
 
 
 @dataclass
+class Sample:
+    """Where a rank's threads were, and how much processor time it had used, when it answered."""
+
+    text: str
+    cpu_s: float | None
+    at: float  # monotonic, when it arrived
+
+
+@dataclass
+class Recheck:
+    """A stall's suspects asked again before the job is aborted: are they stuck, or working?"""
+
+    asked: float
+    before: dict[int, Sample | None]  # by rank: its answer before this one
+    answers: dict[int, int]  # by rank: its count of answers when asked
+
+
+@dataclass
 class Peer:
     identity: bytes
     last_seq: int = -1
@@ -77,6 +95,11 @@ class Coordinator:
         self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
         self.stacks: dict[int, str] = {}  # rank -> where its threads were when a stall was reported
+        self.samples: dict[int, Sample] = {}  # rank -> its latest answer to a STACKS request
+        self._answers: dict[int, int] = {}  # rank -> how many it has given
+        self._recheck: Recheck | None = None
+        self._abort_after = 0.0  # how long the waits of a stall may last before it is aborted (0: twice the timeout)
+        self._busy_said = False  # whether this stall's suspects were said to be working
         self.last_ops: dict[int, int] = {}  # rank -> the last collective it drew, sent when it shut down
         self.waits: dict[int, tuple[float, float]] = {}  # rank -> (seconds it waited on the others, seconds it ran)
         self.speeds: dict[int, float] = {}  # rank -> its share of a step's samples per second of its work in one
@@ -214,8 +237,8 @@ class Coordinator:
             return
         now = time.monotonic()
         waiting = self._waiting_for(now, self.stall_timeout_s)
-        if not waiting or self._data_moving(now):
-            self._stall_reported = None
+        if not waiting or self._data_moving(now, waiting):
+            self._stall_reported, self._recheck, self._abort_after, self._busy_said = None, None, 0.0, False
             self._note_long_exchange(waiting, now)
             return
         live = [r for r in range(self.world_size) if r not in self.exits]
@@ -248,11 +271,51 @@ class Coordinator:
             for r in suspects[:3]:  # what keeps them: each answers with its threads' stacks (_on_stacks)
                 self.send(f"rank-{r}", protocol.STACKS)
         longest = max(self._waited(self.status[r], now) for r in waiting)
-        if self.stall_action == "abort" and longest > 2 * self.stall_timeout_s:
+        if self.stall_action == "abort" and longest > (self._abort_after or 2 * self.stall_timeout_s):
+            if suspects and self._working(suspects[:3], now):
+                self._abort_after = longest + self.stall_timeout_s  # look again a stall timeout later
+                return
+            if suspects and self._recheck is not None:
+                return  # their answers are on the way
             suspect = suspects[0] if suspects else None
             where = self.stacks.get(suspect, "") if suspect is not None else ""
             self.fail(Failure(time.time(), f"stalled: {reason}", suspect,
                               detail=f"rank {suspect} was at:\n{where}" if where else ""))
+
+    def _working(self, suspects: list[int], now: float) -> bool:
+        """Whether the stall's suspects are working rather than stuck: rank 0 validating alone
+        while the others wait at a barrier is no hang, and used to be aborted after twice the
+        stall timeout. Each is asked where it is again; it is working if its stacks have moved
+        since its last answer, or it has used a fifth of a core since. A rank that loops
+        waiting (a data loader that never returns), a deadlock, a read that never ends: neither.
+        While the answers are on the way this returns False, with ``_recheck`` set."""
+        if self._recheck is None:
+            self._recheck = Recheck(now, {r: self.samples.get(r) for r in suspects},
+                                    {r: self._answers.get(r, 0) for r in suspects})
+            for r in suspects:
+                self.send(f"rank-{r}", protocol.STACKS)
+            return False
+        check = self._recheck
+        answered = [r for r in suspects if self._answers.get(r, 0) > check.answers.get(r, 0)]
+        if len(answered) < len(suspects) and now - check.asked < 2 * protocol.HEARTBEAT_S:
+            return False
+        self._recheck = None
+        working = []
+        for r in answered:
+            before, after = check.before.get(r), self.samples[r]
+            if before is None or after.text != before.text:
+                working.append(r)
+            elif after.cpu_s is not None and before.cpu_s is not None and \
+                    after.cpu_s - before.cpu_s > 0.2 * (after.at - before.at):
+                working.append(r)
+        if working and not self._busy_said:
+            self._busy_said = True
+            names = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in working)
+            many = len(working) > 1
+            self.log(f"rank{'s' if many else ''} {names} {'are' if many else 'is'} working, not stuck (moving through "
+                     f"its code, or using the processor): the others go on waiting, up to the collective timeout "
+                     f"(MACFLEET_TIMEOUT, 600 s unless set)")
+        return bool(working)
 
     def _note_long_exchange(self, waiting: dict[int, dict[str, Any]], now: float) -> None:
         """A collective that has lasted over the stall timeout while data keeps arriving is no
@@ -271,21 +334,30 @@ class Coordinator:
                  f"{'have' if many else 'has'} been in {op.get('op')} (op {op.get('id')}) for {longest:.0f} s, "
                  f"and data keeps arriving: a large exchange over a slow link")
 
-    def _data_moving(self, now: float) -> bool:
-        """Whether data reached some rank within the stall timeout. Every collective needs every
-        rank, so while one is stuck no data moves anywhere for long; while it does, a long wait is
-        a large exchange over a slow link (a big model's first broadcast over Wi-Fi takes minutes),
-        not a stall. Judged by each rank's last beat while it is fresh (a stall is then named at
-        most a beat late; a rank whose beats stop is lost by the heartbeat timeout)."""
-        return any(st.get("quiet_s") is not None and st["quiet_s"] < self.stall_timeout_s
-                   and now - st["at"] < 2 * protocol.HEARTBEAT_S
-                   for rank, st in self.status.items() if rank not in self.exits)
+    def _data_moving(self, now: float, waiting: dict[int, dict[str, Any]]) -> bool:
+        """Whether data has reached a waiting rank within the stall timeout, since it entered its
+        collective. Every collective needs every rank, so while one is stuck no data moves
+        anywhere for long; while it does, a long wait is a large exchange over a slow link (a big
+        model's first broadcast over Wi-Fi takes minutes), not a stall. Judged by each waiting
+        rank's last beat while it is fresh (a stall is then named at most a beat late; a rank
+        whose beats stop is lost by the heartbeat timeout). Data from before the wait does not
+        count: a wait that began right after the last collective ended looked like data still
+        arriving for up to a beat."""
+        def moving(st: dict[str, Any]) -> bool:
+            quiet, entered = st.get("quiet_s"), (st.get("waiting") or {}).get("for_s")
+            return (quiet is not None and quiet < self.stall_timeout_s and now - st["at"] < 2 * protocol.HEARTBEAT_S
+                    and (not isinstance(entered, (int, float)) or quiet < entered))
+        return any(moving(st) for rank, st in self.status.items() if rank in waiting)
 
     def _on_stacks(self, msg: dict[str, Any], peer: Peer) -> None:
         rank, text = msg.get("rank"), msg.get("text")
-        if isinstance(rank, int) and isinstance(text, str):  # asked once per stall reported, or rank lost
+        if isinstance(rank, int) and isinstance(text, str):  # asked when a stall is reported, or a rank lost
+            cpu = msg.get("cpu_s")
+            self.samples[rank] = Sample(text, float(cpu) if isinstance(cpu, (int, float)) else None, time.monotonic())
+            self._answers[rank] = self._answers.get(rank, 0) + 1
             self.stacks[rank] = text
-            self.log(f"rank {rank} ({self.hosts.get(rank, '?')}) is at:\n{_indent(text)}")
+            if self._recheck is None or rank not in self._recheck.answers:  # a recheck's answer is for us alone
+                self.log(f"rank {rank} ({self.hosts.get(rank, '?')}) is at:\n{_indent(text)}")
             for failure in self.failures:  # a rank that went silent: the dump comes after the failure
                 if failure.rank == rank and failure.exit is None and not failure.detail:
                     failure.detail = f"rank {rank} was at:\n{text}"
@@ -340,6 +412,8 @@ class Coordinator:
         if not sender.startswith("rank-"):
             return
         rank = int(sender[5:])
+        if rank in self.status:  # it is in no collective now, whatever its last beat said
+            self.status[rank]["waiting"] = None
         if isinstance(last_op, int):
             self.last_ops[rank] = last_op
         waited, ran = msg.get("waited_s"), msg.get("ran_s")

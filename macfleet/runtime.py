@@ -368,7 +368,8 @@ class _ControlThread(threading.Thread):
                 elif msg.get("kind") == protocol.HOLD:
                     self.liveness.held = bool(msg.get("on"))
                 elif msg.get("kind") == protocol.STACKS:  # the others wait for us, and we are elsewhere
-                    self.client.send(protocol.STACKS, rank=self.env.rank, text=_stacks())
+                    # with the processor time used so far: a rank that works tells itself from a stuck one
+                    self.client.send(protocol.STACKS, rank=self.env.rank, text=_stacks(), cpu_s=time.process_time())
                 else:
                     self.inbox.put(msg)
         finally:

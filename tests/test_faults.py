@@ -190,6 +190,17 @@ def test_a_collective_after_shutdown_is_an_error_not_a_hang() -> None:
     assert job.seconds < 30
 
 
+def test_a_rank_working_alone_is_not_aborted_as_a_stall() -> None:
+    """Rank 0 validating alone while the others wait at a barrier is the torchrun habit; it
+    was aborted as a stall after twice the stall timeout. A working rank (its stack moves, or
+    it uses the processor) is let be; the stuck one above is still aborted."""
+    job = run_launch("--nproc", "3", "--stall-timeout", "2", BEHAVE, "1", "busy", timeout=60)
+    assert job.code == 0 and job.stdout.count("finished") == 3, job.output
+    assert "stall: rank 1 (localhost) made no progress for over 2 s" in job.stderr, job.stderr
+    assert "rank 1 (localhost) is working, not stuck" in job.stderr
+    assert job.stderr.count("is working, not stuck") == 1  # once a stall, not at every look
+
+
 def test_a_shared_memory_object_a_killed_rank_held_is_released() -> None:
     """Segments made as on macOS (POSIX objects, which outlive their processes until the Mac
     restarts): a rank killed between creating one and unlinking it leaves it to its agent."""

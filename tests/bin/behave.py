@@ -3,7 +3,8 @@
 Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by MODE
 (``raise``, ``exit3``, ``sigkill``, ``sigkill-holding-segment``: killed between creating a
 shared-memory segment and unlinking it, ``segfault``: a crash in native code, ``stuck``:
-alive but never back from a data loader, ``gil``: stuck in native code holding the GIL, ``huge-error`` / ``huge-line``: an
+alive but never back from a data loader, ``gil``: stuck in native code holding the GIL, ``busy``: working alone for a while
+(``BEHAVE_BUSY_S``, 9 s) before it joins the others, ``huge-error`` / ``huge-line``: an
 exception or a stderr line too large for one control message, ``after-shutdown``: a
 collective after ``macfleet.shutdown()``, ``early``: shut down and exit 0, ``no-init``: exit 0
 before ``macfleet.init()``, ``child``: raise, as every rank leaves a background process
@@ -34,6 +35,13 @@ def native_deadlock() -> None:
     that never ends): no thread of the process runs Python again, heartbeats included."""
     import ctypes
     ctypes.PyDLL(None).sleep(600)
+
+
+def validate_alone(seconds: float) -> None:
+    """Work that only this rank does while the others wait at a barrier (validation on rank 0)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(i * i for i in range(10_000))
 
 
 def next_batch() -> None:
@@ -83,6 +91,8 @@ if rank == fail_rank:
         next_batch()
     if mode == "gil":
         native_deadlock()
+    if mode == "busy":  # then it joins the others: no failure at all
+        validate_alone(float(os.environ.get("BEHAVE_BUSY_S", "9")))
     if mode == "huge-error":  # an exception whose message holds a tensor's repr
         raise ValueError("shapes differ: " + repr(list(range(20000))) + " END")
     if mode == "huge-line":  # a stderr line with no end (binary output), then a crash with no traceback
