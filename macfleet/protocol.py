@@ -12,7 +12,8 @@ Flow of one job::
     worker/agent -> coord   beat     {progress, waiting, quiet_s,      (every HEARTBEAT_S; a worker's
                                       debugging}                       collective in progress, how long
                                                                        since data reached it, pdb)
-    agent  -> coordinator   exit     {rank, pid, code, signal, error}  (per worker exit)
+    agent  -> coordinator   exit     {rank, pid, code, signal, error,  (per worker exit, once its last
+                                      tail}                            lines are read)
     coord  -> agent 0       end      {}                                (every rank has exited: it may
                                                                        close the torch.distributed store)
     agent  -> coordinator   done     {}                                (all its workers have exited)
@@ -24,6 +25,12 @@ Flow of one job::
     coord  -> everyone      abort    {reason, rank}                    (any failure, or Ctrl-C)
     coord  -> worker        hold     {on}                              (a rank is in a debugger, or no
                                                                        longer: waits for it have no deadline)
+    coord  -> worker        stacks   {}                                (a stall names it: where is it?)
+    worker -> coordinator   stacks   {rank, text, cpu_s}               (its threads' stacks, its process time)
+    coord  -> agents        stacks   {rank}                            (a rank went silent: dump its stacks)
+    agent  -> coordinator   stacks   {rank, text}                      (faulthandler's dump of them, tidied)
+
+An exit is cut to fit one message (``WorkerExit.fitted``): a header holds 16 KiB.
 """
 
 from __future__ import annotations
