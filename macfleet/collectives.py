@@ -119,7 +119,7 @@ class Collectives:
                    compression: str = "none") -> torch.Tensor:
         """``compression`` (``fp16``, ``bf16``) casts what crosses the network only; the
         reduction itself stays float32 on the host."""
-        if tensor.dtype == torch.bool or tensor.is_complex():
+        if _made_of_numbers(tensor):
             numbers, op = _as_numbers(tensor, name, op)
             self.all_reduce(numbers, op, name, compression)
             return tensor
@@ -163,7 +163,7 @@ class Collectives:
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch.Tensor:
-        if tensor.dtype == torch.bool or tensor.is_complex():
+        if _made_of_numbers(tensor):
             self.broadcast(_as_numbers(tensor, name)[0], src, name)
             return tensor
         self._check(tensor, name)
@@ -194,9 +194,9 @@ class Collectives:
 
     def all_gather(self, tensor: torch.Tensor, name: str = "tensor") -> torch.Tensor:
         """Every rank's tensor, stacked: a new tensor of shape ``(world, *tensor.shape)``."""
-        if tensor.dtype == torch.bool:
+        if _made_of_numbers(tensor) and tensor.dtype == torch.bool:
             return self.all_gather(tensor.view(torch.uint8), name).view(torch.bool)
-        if tensor.is_complex():
+        if _made_of_numbers(tensor):
             return torch.view_as_complex(self.all_gather(_as_numbers(tensor, name)[0], name))
         self._check(tensor, name)
         out = torch.empty((self.world, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
@@ -531,6 +531,11 @@ def _outside_autograd(tensor: torch.Tensor) -> torch.Tensor:
     A detached view, not ``torch.no_grad()``: grad mode is per thread, and a large tensor's ring
     runs parts of it on pool threads (found by the hypothesis cases)."""
     return tensor.detach() if tensor.requires_grad else tensor
+
+
+def _made_of_numbers(tensor: object) -> bool:
+    """A bool or complex tensor, which the collectives take as the numbers it is made of."""
+    return isinstance(tensor, torch.Tensor) and (tensor.dtype == torch.bool or tensor.is_complex())
 
 
 def _as_numbers(tensor: torch.Tensor, name: str, op: str = "sum") -> tuple[torch.Tensor, str]:
