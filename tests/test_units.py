@@ -619,3 +619,38 @@ def test_knobs_are_checked_and_named() -> None:
     assert knobs.problems(good) == []
     assert knobs.count("MACFLEET_STREAMS", None, good) == 2 and knobs.seconds("MACFLEET_TIMEOUT", 9, good) == 0.5
     assert knobs.switch("MACFLEET_SHM", True, good) is False and knobs.seconds("MACFLEET_RENDEZVOUS_TIMEOUT", 9, good) == 9
+
+
+def test_a_faulthandler_dump_is_tidied_like_a_traceback(tmp_path) -> None:
+    """A silent rank's stacks come from faulthandler (innermost first, no source, no thread
+    names): the report shows them as a traceback, a user thread kept, an idle pool's left out."""
+    import faulthandler
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
+    from macfleet.workers import dumps
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="macfleet-ring")  # idle: stdlib frames alone
+    pool.submit(int).result()
+    inbox: queue.Queue = queue.Queue()
+    started = threading.Event()
+
+    def waits_for_work() -> None:
+        started.set()
+        inbox.get()  # blocks in queue.py, then threading.py's Condition.wait
+
+    thread = threading.Thread(target=waits_for_work, daemon=True)
+    thread.start()
+    started.wait(10)
+    deadline = time.monotonic() + 10
+    while sys._current_frames()[thread.ident].f_code.co_name != "wait" and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling for the thread to block in the queue, not standing in for it
+    path = tmp_path / "dump"
+    with open(path, "w") as f:
+        faulthandler.dump_traceback(f, all_threads=True)
+    text = dumps.tidy(path.read_text())
+    inbox.put(None)
+    thread.join(10)
+    pool.shutdown()
+    assert "in waits_for_work\n    inbox.get()" in text, text
+    assert "(most recent call last)" in text and "concurrent" not in text, text

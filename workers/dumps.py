@@ -25,6 +25,7 @@ MAX_BYTES = 12 << 10  # a control message's header holds 16 KiB
 _FRAME = re.compile(r'^\s*File "(?P<path>.*)", line (?P<line>\d+) in (?P<name>.*)$')
 _BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
 _LIBRARY = os.path.dirname(os.path.abspath(macfleet.__file__)) + os.sep
+_STDLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 _kept: list[IO[str]] = []  # the armed file stays open for the process's life
 
 
@@ -55,8 +56,8 @@ def tidy(dump: str, frames_per_thread: int = 10) -> str:
             frames.pop(0)
         while frames and os.path.basename(frames[0]["path"]) == "threading.py":
             frames.pop(0)  # what starts any thread; the thread's own function comes next
-        if not frames or frames[0]["path"].startswith(_LIBRARY):
-            continue  # empty, or one of macfleet's threads (control, heartbeat, buckets)
+        if not frames or frames[0]["path"].startswith(_LIBRARY) or all(_ours_or_stdlib(f["path"]) for f in frames):
+            continue  # one of macfleet's threads (control, buckets), or its idle pool's (stdlib alone)
         lines = []
         for f in frames[-frames_per_thread:]:
             lines.append(f'  File "{f["path"]}", line {f["line"]}, in {f["name"]}')
@@ -68,6 +69,12 @@ def tidy(dump: str, frames_per_thread: int = 10) -> str:
     text = "\n".join(f"thread {'MainThread' if main else '(another)'} (most recent call last):\n" + "\n".join(lines)
                      for main, lines in threads).encode()
     return text.decode() if len(text) <= MAX_BYTES else text[:MAX_BYTES].decode(errors="ignore") + "\n..."
+
+
+def _ours_or_stdlib(path: str) -> bool:
+    """A frame of macfleet or of Python's own library (not of the packages installed in it)."""
+    return path.startswith(_LIBRARY) or (path.startswith(_STDLIB) and "site-packages" not in path
+                                         and "dist-packages" not in path)
 
 
 def _starts_script(path: str) -> bool:
