@@ -42,9 +42,8 @@ class Sample:
 class Recheck:
     """A stall's suspects asked again before the job is aborted: are they stuck, or working?"""
 
-    asked: float
-    before: dict[int, Sample | None]  # by rank: its answer before this one
-    answers: dict[int, int]  # by rank: its count of answers when asked
+    asked: float  # monotonic: an answer that arrived later is the one asked for
+    before: dict[int, Sample | None]  # by rank asked: its answer before this one
 
 
 @dataclass
@@ -94,9 +93,7 @@ class Coordinator:
         self.devices: dict[int, str] = {}  # rank -> the device it trains on, from registrations
         self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
-        self.stacks: dict[int, str] = {}  # rank -> where its threads were when a stall was reported
-        self.samples: dict[int, Sample] = {}  # rank -> its latest answer to a STACKS request
-        self._answers: dict[int, int] = {}  # rank -> how many it has given
+        self.samples: dict[int, Sample] = {}  # rank -> its latest answer to a STACKS request (a stall, a silence)
         self._recheck: Recheck | None = None
         self._abort_after = 0.0  # how long the waits of a stall may last before it is aborted (0: twice the timeout)
         self._busy_said = False  # whether this stall's suspects were said to be working
@@ -278,7 +275,7 @@ class Coordinator:
             if suspects and self._recheck is not None:
                 return  # their answers are on the way
             suspect = suspects[0] if suspects else None
-            where = self.stacks.get(suspect, "") if suspect is not None else ""
+            where = self.samples[suspect].text if suspect in self.samples else ""
             self.fail(Failure(time.time(), f"stalled: {reason}", suspect,
                               detail=f"rank {suspect} was at:\n{where}" if where else ""))
 
@@ -290,13 +287,12 @@ class Coordinator:
         waiting (a data loader that never returns), a deadlock, a read that never ends: neither.
         While the answers are on the way this returns False, with ``_recheck`` set."""
         if self._recheck is None:
-            self._recheck = Recheck(now, {r: self.samples.get(r) for r in suspects},
-                                    {r: self._answers.get(r, 0) for r in suspects})
+            self._recheck = Recheck(now, {r: self.samples.get(r) for r in suspects})
             for r in suspects:
                 self.send(f"rank-{r}", protocol.STACKS)
             return False
         check = self._recheck
-        answered = [r for r in suspects if self._answers.get(r, 0) > check.answers.get(r, 0)]
+        answered = [r for r in suspects if r in self.samples and self.samples[r].at > check.asked]
         if len(answered) < len(suspects) and now - check.asked < 2 * protocol.HEARTBEAT_S:
             return False
         self._recheck = None
@@ -354,9 +350,7 @@ class Coordinator:
         if isinstance(rank, int) and isinstance(text, str):  # asked when a stall is reported, or a rank lost
             cpu = msg.get("cpu_s")
             self.samples[rank] = Sample(text, float(cpu) if isinstance(cpu, (int, float)) else None, time.monotonic())
-            self._answers[rank] = self._answers.get(rank, 0) + 1
-            self.stacks[rank] = text
-            if self._recheck is None or rank not in self._recheck.answers:  # a recheck's answer is for us alone
+            if self._recheck is None or rank not in self._recheck.before:  # a recheck's answer is for us alone
                 self.log(f"rank {rank} ({self.hosts.get(rank, '?')}) is at:\n{_indent(text)}")
             for failure in self.failures:  # a rank that went silent: the dump comes after the failure
                 if failure.rank == rank and failure.exit is None and not failure.detail:

@@ -194,10 +194,9 @@ class Collectives:
 
     def all_gather(self, tensor: torch.Tensor, name: str = "tensor") -> torch.Tensor:
         """Every rank's tensor, stacked: a new tensor of shape ``(world, *tensor.shape)``."""
-        if _made_of_numbers(tensor) and tensor.dtype == torch.bool:
-            return self.all_gather(tensor.view(torch.uint8), name).view(torch.bool)
         if _made_of_numbers(tensor):
-            return torch.view_as_complex(self.all_gather(_as_numbers(tensor, name)[0], name))
+            gathered = self.all_gather(_as_numbers(tensor, name)[0], name)
+            return gathered.view(torch.bool) if tensor.dtype == torch.bool else torch.view_as_complex(gathered)
         self._check(tensor, name)
         out = torch.empty((self.world, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
         with self._collective("all_gather", self.world * tensor.numel() * tensor.element_size(), tensor) as op_id:

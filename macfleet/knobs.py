@@ -11,7 +11,7 @@ usage error on the launching Mac instead of the same traceback from every rank.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from macfleet.errors import ConfigError
 
@@ -24,26 +24,17 @@ SWITCHES = ("MACFLEET_SHM", "MACFLEET_SHM_OBJECTS")
 
 def nbytes(name: str, default: int, environ: Mapping[str, str] = os.environ) -> int:
     """A size in bytes, at least 1."""
-    return _whole(name, default, "a number of bytes", environ)
+    return _read(name, default, environ, int, "a number of bytes", "of at least 1", lambda v: v >= 1)
 
 
 def count(name: str, default: int | None, environ: Mapping[str, str] = os.environ) -> int | None:
     """A count, at least 1 (``default`` where unset)."""
-    return _whole(name, default, "a whole number", environ)
+    return _read(name, default, environ, int, "a whole number", "of at least 1", lambda v: v >= 1)
 
 
 def seconds(name: str, default: float, environ: Mapping[str, str] = os.environ) -> float:
     """A duration in seconds, above 0."""
-    raw = environ.get(name)
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise ConfigError(f"{name}={raw!r}: give a number of seconds above 0")
-    return value
+    return _read(name, default, environ, float, "a number of seconds", "above 0", lambda v: 0 < v < float("inf"))
 
 
 def switch(name: str, default: bool, environ: Mapping[str, str] = os.environ) -> bool:
@@ -69,14 +60,17 @@ def problems(environ: Mapping[str, str]) -> list[str]:
     return found
 
 
-def _whole(name: str, default: int | None, what: str, environ: Mapping[str, str]) -> int | None:
+def _read(name: str, default: Any, environ: Mapping[str, str], parse: Callable[[str], Any], what: str, rule: str,
+          ok: Callable[[Any], bool]) -> Any:
+    """``environ[name]`` parsed, ``default`` where unset or empty: ``what`` it must be, and the
+    ``rule`` (checked by ``ok``) it must keep."""
     raw = environ.get(name)
     if not raw:
         return default
     try:
-        value = int(raw)
+        value = parse(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not {what}") from None
-    if value < 1:
-        raise ConfigError(f"{name}={raw!r}: give {what} of at least 1")
+    if not ok(value):
+        raise ConfigError(f"{name}={raw!r}: give {what} {rule}")
     return value

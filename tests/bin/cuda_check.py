@@ -99,12 +99,16 @@ for label, options in (("one_bucket", {}), ("many_buckets", tiny)):
 # through the one communication thread of the process
 chain_ref = dp_cases.Chained()
 train(chain_ref, chain_ref, x, y)
-chain = dp_cases.Chained().to(dev)
-g, d = macfleet.DataParallel(chain.g, **tiny), macfleet.DataParallel(chain.d, **tiny)
-pair = nn.Sequential(g, d)
-train(chain, pair, xs, ys)
-out["oracle_max_diff_two_models"] = max_diff(chain, chain_ref)
-del pair, g, d
+
+
+def two_models_max_diff() -> float:
+    chain = dp_cases.Chained().to(dev)
+    pair = nn.Sequential(macfleet.DataParallel(chain.g, **tiny), macfleet.DataParallel(chain.d, **tiny))
+    train(chain, pair, xs, ys)
+    return max_diff(chain, chain_ref)
+
+
+out["oracle_max_diff_two_models"] = two_models_max_diff()
 gc.collect()
 # MPS's way (Device.copies_from_training_thread): every copy to and from the host buffers
 # issued by the thread that runs backward, none by the bucket thread; many buckets, then two
@@ -115,12 +119,7 @@ model = macfleet.DataParallel(oracle.make_model().to(dev), **tiny)
 train(model, model, xs, ys)
 out["oracle_max_diff_copies_from_training_thread"] = max_diff(model.module, ref)
 del model
-chain = dp_cases.Chained().to(dev)
-g, d = macfleet.DataParallel(chain.g, **tiny), macfleet.DataParallel(chain.d, **tiny)
-pair = nn.Sequential(g, d)
-train(chain, pair, xs, ys)
-out["oracle_max_diff_two_models_copies_from_training_thread"] = max_diff(chain, chain_ref)
-del pair, g, d
+out["oracle_max_diff_two_models_copies_from_training_thread"] = two_models_max_diff()
 device_impl.copies_from_training_thread = False
 gc.collect()
 # fine-tuning: a layer unfrozen, another frozen and a new head given after wrapping; the
