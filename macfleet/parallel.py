@@ -68,7 +68,8 @@ class DataParallel(nn.Module):
     """Wrap ``module`` so that ``backward()`` leaves every rank with the average gradient.
 
     ``bucket_cap_mb``/``first_bucket_mb``: bucket sizes (DDP's defaults). ``broadcast_buffers``:
-    send rank 0's buffers (e.g. BatchNorm statistics) to all ranks at every training forward.
+    send rank 0's buffers (e.g. BatchNorm statistics) to all ranks at every training forward
+    (in training mode, with autograd on: a forward under ``torch.no_grad()`` needs no other rank).
     ``find_unused_parameters``: parameters that get no gradient in a step count as zero
     instead of being an error. ``compression``: ``"fp16"``/``"bf16"`` halve the bytes on the
     network (reduction stays float32 on the host; ranks of one host exchange float32 through
@@ -199,7 +200,11 @@ class DataParallel(nn.Module):
 
     # -- training-time behaviour --------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.training:
+        # A forward without autograd has no backward to average: it needs no other rank, so
+        # rank 0 may run one alone (validation under torch.no_grad() with the model still in
+        # training mode; DDP gates its reducer on the same). Its buffers come from rank 0 at the
+        # next training forward, the one that counts.
+        if self.training and torch.is_grad_enabled():
             _eagerly(self._before_training_forward)()
         return self.module(*args, **kwargs)
 

@@ -119,6 +119,15 @@ def test_buffers_are_broadcast_from_rank_0(tmp_path) -> None:
     assert job.code == 0, job.output
 
 
+def test_a_forward_without_autograd_on_rank_0_alone_needs_no_other_rank(tmp_path) -> None:
+    """Validation on rank 0 under torch.no_grad(), the model left in training mode: its forward
+    broadcast the buffers, a collective the other ranks never joined, and the job failed with
+    ranks in different collectives. The statistics it changed reach the others at the next
+    training forward (the case checks that the ranks end with the same buffers)."""
+    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "validate-alone", str(tmp_path / "p.pt"), timeout=60)
+    assert job.code == 0, job.output
+
+
 def test_a_sync_batch_norm_that_cannot_sync_is_pointed_out_once(tmp_path) -> None:
     """torch's SyncBatchNorm runs as a plain BatchNorm without torch.distributed's process
     group, silently: a DDP script converted with convert_sync_batchnorm lost its statistics' sync."""

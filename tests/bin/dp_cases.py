@@ -5,7 +5,8 @@ model in one bucket, averaged on the thread that ran backward), ``order`` (ranks
 gradients ready in opposite orders), ``no_sync`` (two micro-batches per step), ``unused`` /
 ``unused-allowed`` (a parameter that gets no gradient; ``unused-single`` in one bucket),
 ``fp16`` / ``bf16`` (wire compression), ``buffers`` (BatchNorm statistics broadcast from rank
-0), ``two-models`` (two DataParallel modules in one backward; ``two-models-one-bucket``: one
+0; ``validate-alone``: rank 0 also runs a forward under ``torch.no_grad()`` alone after each
+step, its model still in training mode, as a quick validation does), ``two-models`` (two DataParallel modules in one backward; ``two-models-one-bucket``: one
 of them in a single bucket), ``backward-raises`` (rank 1 catches an error raised in the middle
 of its backward and tries to go on: it must not), ``zero-in-place``
 (``zero_grad(set_to_none=False)``: gradients stay the buckets' views, and backward accumulates
@@ -139,7 +140,7 @@ def make(case):
         return TwoBranches()
     if case.startswith("unused"):
         return WithUnused()
-    if case == "buffers":
+    if case in ("buffers", "validate-alone"):
         return WithNorm()
     if case == "sparse":
         return SparseEmbedding()
@@ -258,12 +259,15 @@ def main():
         else:
             nn.functional.cross_entropy(model(xs), ys).backward()
         opt.step()
-    if world > 1 and case != "buffers" and os.environ.get("MACFLEET_SHM") != "0":
+        if case == "validate-alone" and rank == 0:
+            with torch.no_grad():
+                model(x)
+    if world > 1 and case not in ("buffers", "validate-alone") and os.environ.get("MACFLEET_SHM") != "0":
         # one host's ranks keep their buckets in memory they share and reduce them where they are
         assert runtime().collectives.last_algorithm == "shared memory, in place"
     if case == "zero-in-place":  # nothing replaced the views, so nothing was copied into the buckets
         assert all(p.grad.data_ptr() == b.view(k).data_ptr() for b in model.buckets for k, p in enumerate(b.params))
-    if case == "buffers":  # the same input everywhere after rank 0's buffers arrive: identical buffers
+    if case in ("buffers", "validate-alone"):  # the same input everywhere after rank 0's buffers arrive: identical buffers
         model(x)
         mean = model.module.net[1].running_mean
         gathered = macfleet.all_gather(mean)
