@@ -255,7 +255,8 @@ class Coordinator:
         elif len({(w.get("op"), w.get("id")) for w in waiting.values()}) > 1:
             # e.g. one host's ranks in a broadcast, another's in an all-reduce on the hosts' ring:
             # their messages go to sockets nobody reads, so no rank sees a wrong one
-            where = "; ".join(f"rank {r} in {w.get('op')} (op {w.get('id')})" for r, w in sorted(waiting.items()))
+            where = "; ".join(f"rank {r} in {w.get('op')} (op {w.get('id')}{', at ' + w['at'] if w.get('at') else ''})"
+                              for r, w in sorted(waiting.items()))
             reason = (f"the ranks are in different collectives ({where}): every rank must call the same "
                       f"collectives in the same order")
         else:

@@ -38,8 +38,48 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
             others.append(f"  {describe(e)}" + (f" [{kind}]" if kind else ""))
     if others:
         lines += ["other ranks:", *others]
+    if _about_collectives(root):
+        lines += collectives_report(exits)
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+def _about_collectives(root: Failure) -> bool:
+    """Whether the job failed because its ranks called different collectives."""
+    if root.exit is not None:
+        return (root.exit.error or {}).get("type") == "ProtocolError"
+    return "different collectives" in root.reason
+
+
+def collectives_report(exits: dict[int, WorkerExit]) -> list[str]:
+    """Each rank's last collectives, ranks whose lists agree together: where the lists part is
+    where the script's ranks went different ways (a metric only rank 0 reduces, say)."""
+    groups: dict[str, list[int]] = {}
+    for rank, e in sorted(exits.items()):
+        made = str((e.error or {}).get("collectives") or "")
+        if made:
+            groups.setdefault(made, []).append(rank)
+    if not groups:
+        return []
+    lines = ["last collectives of each rank (oldest first; #N is the collective's number, the same on every rank):"]
+    for k, (made, ranks) in enumerate(groups.items()):
+        if k == LISTED_RANKS:
+            lines.append(f"  ... and {sum(len(r) for r in list(groups.values())[k:])} more ranks")
+            break
+        lines.append(f"  rank{'s' if len(ranks) > 1 else ''} {_spans(ranks)}:")
+        lines += ["    " + line for line in made.splitlines()]
+    return lines
+
+
+def _spans(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 VERSION_KEYS = ("torch", "macfleet")

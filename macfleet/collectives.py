@@ -30,6 +30,7 @@ import torch
 from macfleet import hostops
 from macfleet.backends import check_tensor
 from macfleet.errors import ConfigError
+from macfleet.history import History, call_site, where
 from macfleet.shm import LocalGroup, Signature, split_evenly
 from macfleet.transport import Channel, Ring
 
@@ -104,7 +105,8 @@ class Collectives:
         # (DataParallel notes them, its waits left out), and its part of every step's samples.
         self.step_work_s: deque[float] = deque(maxlen=4096)
         self.step_share: float | None = None
-        self.current: tuple[str, int, float] | None = None  # (collective, op id, since): what we wait in
+        self.current: tuple[str, int, float, tuple[str, int]] | None = None  # (collective, op id, since, caller's line)
+        self.history = History()  # the last collectives, for the report of ranks that disagree
         self.last_algorithm = ""  # which path the last all_reduce took (for benchmarks)
         self._op = 0
         self._lock = threading.Lock()  # collectives are issued one at a time, in the same order everywhere
@@ -216,8 +218,10 @@ class Collectives:
         elsewhere. A collective: every rank calls it in the same order with the same size."""
         with self.waiting(), self._lock:  # its barriers must not interleave with a collective on another thread
             op_id = self.next_op()  # drawn with shared memory or without, so numbers agree across hosts
+            signature = Signature(op_id, "shared_tensor", numel, dtype, caller=self.caller)
+            self.history.add(op_id, signature, call_site())
             if self.shared_memory and self.local is not None and numel > 0:
-                self.local.announce(Signature(op_id, "shared_tensor", numel, dtype, caller=self.caller))
+                self.local.announce(signature)
                 return self.local.shared_tensor(numel, dtype)
         return torch.zeros(numel, dtype=dtype)
 
@@ -474,11 +478,16 @@ class Collectives:
             with self._lock, hostops.threads_for(nbytes, self.inline_bytes):
                 op_id = self.next_op()
                 caller = self._by = self.caller
+                signature, site = Signature(op_id, kind, tensor.numel(), tensor.dtype, reduce_op, caller), call_site()
+                self.history.add(op_id, signature, site)
                 if self.local is not None:
-                    self.local.announce(Signature(op_id, kind, tensor.numel(), tensor.dtype, reduce_op, caller))
-                self.current = (f"{kind} from {caller}" if caller else kind, op_id, time.monotonic())
+                    self.local.announce(signature)
+                self.current = (f"{kind} from {caller}" if caller else kind, op_id, time.monotonic(), site)
                 try:
                     yield op_id
+                except BaseException:
+                    self.history.failed_in = op_id
+                    raise
                 finally:
                     self.current = None
                     self.ops_done += 1
@@ -491,7 +500,8 @@ class Collectives:
         current = self.current
         status: dict = {"progress": self.ops_done, "quiet_s": time.monotonic() - self.ring.liveness.moved_at}
         if current is not None:
-            status["waiting"] = {"op": current[0], "id": current[1], "for_s": time.monotonic() - current[2]}
+            status["waiting"] = {"op": current[0], "id": current[1], "for_s": time.monotonic() - current[2],
+                                 "at": where(*current[3])}
         return status
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import traceback
 
@@ -19,8 +20,19 @@ def write(path: str, exc: BaseException) -> None:
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         "time": time.time(),
         "pid": os.getpid(),
+        "collectives": "\n".join(_recent_collectives()),
     }
     tmp = f"{path}.{os.getpid()}.tmp"  # a rank's subprocesses may write it too (macfleet.init refusing them)
     with open(tmp, "w") as f:
         json.dump(record, f)
     os.replace(tmp, path)
+
+
+def _recent_collectives() -> list[str]:
+    """The rank's last collectives, if the script got as far as making any (``macfleet.history``):
+    for the report of ranks that disagree on them. Never raises: the exception is what matters."""
+    recent = getattr(sys.modules.get("macfleet.runtime"), "recent_collectives", None)
+    try:
+        return recent() if recent is not None else []
+    except Exception:
+        return []

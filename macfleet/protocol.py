@@ -123,7 +123,7 @@ class WorkerExit:
         the end of each text are kept (a traceback ends with the exception), and the last lines
         of the tail."""
         error = None if self.error is None else {
-            key: _cut(value, TRACEBACK_BYTES if key == "traceback" else FIELD_BYTES) if isinstance(value, str)
+            key: _cut(value, ERROR_BYTES.get(key, FIELD_BYTES)) if isinstance(value, str)
             else value for key, value in self.error.items()}
         tail: list[str] = []
         for line in reversed(self.tail):
@@ -141,7 +141,8 @@ class WorkerExit:
         return cls(**picked)
 
 
-TRACEBACK_BYTES, FIELD_BYTES, TAIL_BYTES = 6 << 10, 1 << 10, 4 << 10  # of an exit: well inside a header
+FIELD_BYTES, TAIL_BYTES = 1 << 10, 4 << 10  # of an exit: well inside a header, with these
+ERROR_BYTES = {"traceback": 6 << 10, "collectives": 2 << 10}
 
 
 def _cut(text: str, limit: int) -> str:

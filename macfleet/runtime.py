@@ -196,6 +196,12 @@ def runtime() -> Runtime:
     return _runtime if _runtime is not None else init()
 
 
+def recent_collectives() -> list[str]:
+    """This rank's last collectives and the lines that called them, for its exit report."""
+    rt = _runtime
+    return rt.collectives.history.lines() if rt is not None and rt.collectives is not None else []
+
+
 def _stacks(frames_per_thread: int = 10, max_bytes: int = 12 << 10) -> str:
     """Where this rank's threads are, as a traceback shows it: the main thread (the script's)
     first, each thread's innermost frames, from the script's own outermost one on (not the

@@ -247,7 +247,18 @@ def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, misma
     assert "ProtocolError" in root, root
     named = {"numel": "9", "rop": "max", "dtype": "int32", "kind": "broadcast", "save": "from checkpoint.save"}[mismatch]
     assert named in root.split("other ranks")[0], root
+    # and where each went: the report lines up the ranks' last collectives with the lines that called them
+    made = root[root.index("last collectives of each rank"):]
+    theirs, ours = behave_line(f'"{mismatch}": lambda'), behave_line("result = mismatch[mode]()")
+    assert re.search(rf"ranks 0-1:\n(    .*\n)*    #\d+ .*\[failed here\] at .*behave.py:{ours}: ", made), made
+    assert re.search(rf"rank 2:\n(    .*\n)*    #\d+ .*\[failed here\] at .*behave.py:{theirs}: ", made), made
     assert job.seconds < 20
+
+
+def behave_line(text: str) -> int:
+    """The number of behave.py's line that holds ``text``."""
+    lines = open(BEHAVE).read().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
 
 
 def test_a_host_cut_off_from_the_network(netns_hosts) -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import BIN, MNIST, Job, job_processes, kill_group, launch_command, run_launch
-from test_faults import RunningJob
+from test_faults import RunningJob, behave_line
 from test_training import STEPS, reference_parameters
 
 BEHAVE = str(BIN / "behave.py")
@@ -310,6 +310,11 @@ def test_hosts_in_different_collectives_are_named_by_the_stall_report(sshd) -> N
     root = job.stderr[job.stderr.index("root cause"):]
     assert "different collectives" in root, root
     assert "rank 0 in all_reduce" in root and "rank 1 in broadcast" in root and "rank 2 in broadcast" in root, root
+    theirs, ours = behave_line('"kind": lambda'), behave_line("result = mismatch[mode]()")
+    assert re.search(rf"rank 0 in all_reduce \(op \d+, at \S*behave.py:{ours}\)", root), root
+    assert re.search(rf"rank 2 in broadcast \(op \d+, at \S*behave.py:{theirs}\)", root), root
+    made = root[root.index("last collectives of each rank"):]  # the ranks' own accounts, from their exits
+    assert re.search(rf"ranks 1-2:\n(    .*\n)*    #\d+ broadcast .*\[failed here\] at \S*behave.py:{theirs}: ", made), made
     assert job.seconds < 30
 
 
