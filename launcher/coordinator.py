@@ -431,7 +431,7 @@ class Coordinator:
                 peer.watched = False
                 self.lost.add(name)
                 rank = int(name.split("-")[1]) if name.startswith("rank-") else None
-                who = f"rank {rank} ({self.hosts.get(rank, '?')})" if rank is not None else f"the {name.replace('-', ' ')}"
+                who = f"rank {rank} ({self.hosts.get(rank, '?')})" if rank is not None else self._agent(name)
                 waiting = {r: w for r, w in self._waiting_for(now).items() if r != rank}
                 cause = "stopped, hung, asleep, or its host is cut off"
                 if rank is not None:  # hung holding the GIL? its agent can still get its stacks (dumps.py)
@@ -440,6 +440,12 @@ class Coordinator:
                                                f"({cause}){self._who_waits(waiting)}", rank))
         self._check_left_behind()
         self._check_stalls()
+
+    def _agent(self, name: str) -> str:
+        """'the agent on host mini2' for the peer ``agent-1``."""
+        index = int(name.split("-")[1])
+        host = self.hellos.get(index, {}).get("host")
+        return f"the agent on host {host}" if host else f"the agent of host {index}"
 
     def _check_left_behind(self) -> None:
         """A rank waiting in a collective that a finished rank never entered waits forever:

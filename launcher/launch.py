@@ -189,6 +189,7 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
                stdin: StdinRelay | None) -> int:
     started_at = time.monotonic()
     abort_at: float | None = None
+    ended_well: dict[int, float] = {}  # agents whose process ended with code 0 before their goodbye arrived: when
     ring_shown = False
     stdin_ended = False
     while True:
@@ -213,7 +214,15 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
                 log(coord.ring_table())
         for index, agent in enumerate(agents):
             if agent.proc.poll() is not None and index not in coord.agents_done and coord.aborted is None:
-                coord.fail(Failure(time.time(), _agent_lost(agent, reached=index in coord.hellos)))
+                # Code 0: its ranks all finished and it said goodbye before it ended. Over a link
+                # that was lost for a while, ssh's word of the end can come first: TCP's backoff
+                # holds the control connection seconds longer (test_faults, a link that fails).
+                since = ended_well.setdefault(index, time.monotonic())
+                if agent.proc.returncode == 0 and index in coord.hellos and \
+                        time.monotonic() - since < cfg.heartbeat_timeout_s:
+                    continue
+                coord.fail(Failure(time.time(), _agent_lost(agent, reached=index in coord.hellos,
+                                                            waited_s=cfg.heartbeat_timeout_s)))
             if f"agent-{index}" in coord.lost and agent.proc.poll() is None:
                 # Unreachable: nothing we send arrives. Its agent stops its ranks by itself when we
                 # fall silent; waiting on the ssh connection would only delay the report.
@@ -222,7 +231,8 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
             abort_at = time.monotonic()
         if all(a.proc.poll() is not None for a in agents):
             coord.poll(0.05)  # messages the agents sent just before exiting
-            break
+            if coord.aborted is not None or len(coord.agents_done) == len(agents):
+                break
         if abort_at is not None and time.monotonic() - abort_at > 2 * cfg.grace_s + 5:
             log("agents did not stop in time; killing them")
             break
@@ -249,10 +259,13 @@ def _drained(agents: list[AgentProc]) -> None:
             agent.relay.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _agent_lost(agent: AgentProc, reached: bool) -> str:
+def _agent_lost(agent: AgentProc, reached: bool, waited_s: float) -> str:
     """Why an agent ended before the job did. ``reached``: it had said hello, so ssh worked."""
     _drained([agent])  # its last words
     code = agent.proc.returncode
+    if code == 0 and reached:
+        return (f"the agent on {agent.host.name} ended and its ranks finished, but its last messages (their "
+                f"exits) did not reach the launcher within {waited_s:.0f} s: the link to that host is failing?")
     said = next((line for line in reversed(agent.tail) if line.strip()), "")  # a remote one's last words
     if said.startswith("macfleet agent"):
         return said  # it refused, and said why

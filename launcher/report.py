@@ -17,10 +17,12 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
     lines = ["", "=" * 72, "macfleet: job failed", "root cause (first failure):"]
     if root.exit is not None:
         lines.append("  " + describe(root.exit))
+        if root.exit.stopped:  # not the script's doing: say whose, before its (SIGTERM) traceback
+            lines.append(f"  {root.exit.stopped}")
         error = root.exit.error
         if error and error.get("traceback"):
             lines += ["  " + line for line in str(error["traceback"]).rstrip().splitlines()]
-        elif root.exit.tail:
+        elif any(line.strip() for line in root.exit.tail):
             lines.append("  no error file; last lines of its stderr:")
             lines += ["  " + line for entry in root.exit.tail for line in entry.splitlines()]
     else:

@@ -112,6 +112,7 @@ class WorkerExit:
     time: float
     error: dict[str, Any] | None = None  # the error file's JSON, if the process wrote one
     tail: list[str] = field(default_factory=list)  # last stderr lines, when there is no error file
+    stopped: str | None = None  # why its agent stopped it, when the agent did so on its own
 
     def to_fields(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,7 +132,8 @@ class WorkerExit:
             if sum(len(t.encode()) for t in tail) + len(line.encode()) > TAIL_BYTES:
                 break
             tail.insert(0, line)
-        return WorkerExit(self.rank, self.host, self.pid, self.code, self.signal, self.time, error, tail)
+        return WorkerExit(self.rank, self.host, self.pid, self.code, self.signal, self.time, error, tail,
+                          _cut(self.stopped, FIELD_BYTES) if self.stopped else None)
 
     @classmethod
     def from_fields(cls, fields: dict[str, Any]) -> "WorkerExit":

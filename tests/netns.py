@@ -112,26 +112,45 @@ def firewall(host: NetnsHost, block: str) -> Iterator[None]:
     """Drop new TCP connections, as a Mac's firewall does for a program nobody allowed to accept
     them: ``"incoming"``, those to the ports the host binds on request (ssh on its fixed port
     still answers); ``"launcher"``, those from the host to the bridge's address, where the
-    launcher listens. Only connection requests (SYN without ACK) are dropped. tc's drop action
-    and netem are not in every kernel: the requests go to an HTB class whose queue holds none."""
+    launcher listens. Only connection requests (SYN without ACK) are dropped."""
     if block == "incoming":
-        prefix, dev, match = [], f"{host.veth}p", ANY_PORT_MATCH  # the bridge's end: what reaches the host
         saved = subprocess.run([*host.exec_prefix(), "sysctl", "-n", "net.ipv4.ip_local_port_range"],
                                capture_output=True, text=True, check=True).stdout.split()
         _ip("netns", "exec", host.name, "sysctl", "-w", f"net.ipv4.ip_local_port_range={ANY_PORT_RANGE}")
+        try:
+            with _dropping([], f"{host.veth}p", ANY_PORT_MATCH + SYN_ONLY):  # the bridge's end: what reaches the host
+                yield
+        finally:
+            _ip("netns", "exec", host.name, "sysctl", "-w", f"net.ipv4.ip_local_port_range={' '.join(saved)}")
     else:
-        prefix, dev, match, saved = host.exec_prefix(), host.veth, ["match", "ip", "dst", f"{SUBNET}.1/32"], []
-    syn_only = ["match", "u8", "0x02", "0x12", "at", "33"]  # TCP flags of a header after 20 bytes of IP
+        with _dropping(host.exec_prefix(), host.veth, ["match", "ip", "dst", f"{SUBNET}.1/32", *SYN_ONLY]):
+            yield
+
+
+@contextmanager
+def deaf_to_launcher(host: NetnsHost) -> Iterator[None]:
+    """Drop every packet from the bridge's address (where the launcher runs) to ``host``, while
+    what the host sends still arrives: a link that fails one way, as Wi-Fi's sometimes do. The
+    launcher hears the host; the host hears nothing from it (its ranks' ring is untouched)."""
+    with _dropping([], f"{host.veth}p", ["match", "ip", "src", f"{SUBNET}.1/32"]):
+        yield
+
+
+SYN_ONLY = ["match", "u8", "0x02", "0x12", "at", "33"]  # TCP flags of a header after 20 bytes of IP
+
+
+@contextmanager
+def _dropping(prefix: list[str], dev: str, match: list[str]) -> Iterator[None]:
+    """Drop the packets ``dev`` sends that ``match`` (tc u32 terms). tc's drop action and netem
+    are not in every kernel: they go to an HTB class whose queue holds none."""
     try:
         for command in (["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20"],
                         ["class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", "1gbit"],
                         ["class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate", "10gbit"],
                         ["qdisc", "add", "dev", dev, "parent", "1:10", "pfifo", "limit", "0"],
                         ["filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32", *match,
-                         *syn_only, "flowid", "1:10"]):
+                         "flowid", "1:10"]):
             subprocess.run([*prefix, "tc", *command], check=True, capture_output=True)
         yield
     finally:
         subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
-        if saved:
-            _ip("netns", "exec", host.name, "sysctl", "-w", f"net.ipv4.ip_local_port_range={' '.join(saved)}")

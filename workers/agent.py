@@ -41,6 +41,12 @@ from macfleet.workers.awake import keep_awake, let_sleep
 TAIL_LINES = 40
 CATCH_UP_S = 2.0  # a rank's exit waits at most this long for its last output to be read
 DUMP_WAIT_S = 1.0  # and a dump of its stacks for faulthandler to write it
+# Once heard from, the launcher may be silent this many heartbeat timeouts before the agent
+# stops its ranks on its own. The launcher is the judge of a lost host (its report says which);
+# the agent's limit only ends ranks that nobody can stop any more. A cut of a few seconds grows
+# by TCP's retransmission backoff (7 s of cable pulled was 10 s of silence and more): as long as
+# the launcher still hears the host in time, the job goes on.
+LAUNCHER_SILENCE = 2
 
 
 @dataclass
@@ -204,6 +210,7 @@ class Agent:
         self._open_line: dict[int, bytes | None] = {}  # by id(sink): the prefix of the rank whose line is open there
         self.launcher_gone = threading.Event()
         self.stop_reason: str | None = None
+        self.stopped_why: str | None = None  # for the exits, when this agent stops its ranks on its own
         self._stop_started: float | None = None
         self.data_addr = ""
         self.last_heard = time.monotonic()
@@ -226,7 +233,8 @@ class Agent:
             print(f"macfleet agent on {self.spec.host}: {exc}", file=sys.stderr, flush=True)
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             return 2
-        hello = {"host_index": self.spec.host_index, "facts": host_facts(), "data_addr": self.data_addr}
+        hello = {"host_index": self.spec.host_index, "host": self.spec.host, "facts": host_facts(),
+                 "data_addr": self.data_addr}
         if self.spec.host_index == 0:
             self.store_socket = _listening_socket(self.data_addr)
             hello["master_port"] = self.store_socket.getsockname()[1]
@@ -275,15 +283,19 @@ class Agent:
             elif msg.get("kind") == protocol.STACKS:
                 self._ask_for_dump(msg.get("rank"))
         if self.stop_reason is None:
+            limit = self.spec.heartbeat_timeout_s * (LAUNCHER_SILENCE if self.heard else 1)
             if self.launcher_gone.is_set():
                 self.stop_reason = "launcher gone"
-            elif now - self.last_heard > self.spec.heartbeat_timeout_s:
+                self.stopped_why = f"its agent on {self.spec.host} lost its connection to the launcher and stopped it"
+            elif now - self.last_heard > limit:
                 self.stop_reason = "launcher gone"  # silent: dead, or the network to it is cut
-                print(self._unheard(), file=sys.stderr, flush=True)
+                self.stopped_why = (f"its agent on {self.spec.host} heard nothing from the launcher for {limit:.0f} s "
+                                    f"(the network between them cut?) and stopped it")
+                print(self._unheard(limit), file=sys.stderr, flush=True)
         return msg
 
-    def _unheard(self) -> str:
-        waited = f"{self.spec.heartbeat_timeout_s:.0f} s"
+    def _unheard(self, limit: float) -> str:
+        waited = f"{limit:.0f} s"
         if self.heard:
             return f"macfleet agent on {self.spec.host}: no word from the launcher for {waited}; stopping this host's ranks"
         address, port = netaddr.split_endpoint(self.spec.coordinator)
@@ -461,7 +473,7 @@ class Agent:
             w.exit = WorkerExit(
                 rank=w.rank, host=self.spec.host, pid=w.proc.pid, code=128 - code if code < 0 else code,
                 signal=signame, time=w.exited_at, error=_read_json(w.error_file),
-                tail=list(w.tail) if code != 0 else [],
+                tail=list(w.tail) if code != 0 else [], stopped=self.stopped_why if code != 0 else None,
             )
             self.client.send(protocol.EXIT, **w.exit.fitted().to_fields())
 
@@ -511,7 +523,10 @@ class Agent:
         self.launcher_gone.set()
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        self.stop_reason = self.stop_reason or f"agent received {signal.Signals(signum).name}"
+        if self.stop_reason is None:
+            name = signal.Signals(signum).name
+            self.stop_reason = f"agent received {name}"
+            self.stopped_why = f"its agent on {self.spec.host} received {name} and stopped it"
 
 
 def _write(sink: IO[bytes], data: bytes) -> None:
