@@ -193,7 +193,18 @@ def _refuse_subprocess_of_a_rank() -> None:
 
 
 def runtime() -> Runtime:
-    return _runtime if _runtime is not None else init()
+    rt = _runtime
+    if rt is None:
+        return init()
+    if rt.pid != os.getpid() and rt.collectives is not None:
+        # A forked child (a DataLoader worker on Linux, or with the 'fork' start method) has the
+        # rank's runtime, sockets and shared memory, copied: collectives there ran beside the
+        # rank's own, through its sockets and slots, and mixed their bytes.
+        raise ConfigError(
+            f"a collective in a subprocess of rank {rt.rank} (pid {rt.pid}), such as a DataLoader worker: only "
+            f"the rank's own process takes part in the job's collectives. Reduce in the training loop, on what "
+            f"the loader returns (macfleet.rank() and macfleet.world_size() still answer here)")
+    return rt
 
 
 def recent_collectives() -> list[str]:

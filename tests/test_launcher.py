@@ -283,6 +283,15 @@ def test_a_dataloader_worker_that_re_runs_the_script_is_told_to_use_a_main_guard
     assert "ConfigError" in root and "subprocess of rank" in root and '__name__ == "__main__"' in root, root
 
 
+def test_a_collective_in_a_forked_dataloader_worker_is_refused() -> None:
+    """Linux's DataLoader workers are forked: they inherit the rank's runtime, and a collective
+    there ran through the rank's own sockets and shared-memory slots, beside its collectives."""
+    job = run_launch("--nproc", "2", str(BIN / "children.py"), "fork-collective", timeout=90)
+    assert job.code == 1 and "batch" not in job.stdout and "finished" not in job.stdout, job.output
+    root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+    assert "ConfigError: a collective in a subprocess of rank" in root, root
+
+
 def test_a_forked_child_leaves_the_rank_its_job_directory() -> None:
     """A child forked after init that exits normally ran the inherited shutdown, which removed
     the job's directory (shared memory, error files) as if the rank were an orphan."""
