@@ -102,6 +102,8 @@ class Coordinator:
         self.speeds: dict[int, float] = {}  # rank -> its share of a step's samples per second of its work in one
         self._seq = 0
         self._next_beat = 0.0
+        self._first_joined: float | None = None  # when the first rank called macfleet.init()
+        self._next_join_note = 0.0  # when to say who the joined ranks still wait for
 
     def endpoint_for(self, addr: str) -> str:
         """The endpoint an agent that reaches us through ``addr`` connects to."""
@@ -178,6 +180,9 @@ class Coordinator:
         if not isinstance(rank, int) or not 0 <= rank < self.world_size or not isinstance(endpoints, dict):
             raise wire.BadMessage("bad registration")
         self.registered[rank] = {str(k): str(v) for k, v in endpoints.items()}
+        if self._first_joined is None:  # the first to join waits for the rest from now
+            self._first_joined = time.monotonic()
+            self._next_join_note = self._first_joined + self.stall_timeout_s
         self.hosts[rank] = str(msg.get("host", "?"))
         self.devices[rank] = str(msg.get("device", "?")) + (" (mps available)" if msg.get("mps_available") and
                                                               not str(msg.get("device")).startswith("mps") else "")
@@ -352,7 +357,7 @@ class Coordinator:
             cpu = msg.get("cpu_s")
             self.samples[rank] = Sample(text, float(cpu) if isinstance(cpu, (int, float)) else None, time.monotonic())
             if self._recheck is None or rank not in self._recheck.before:  # a recheck's answer is for us alone
-                self.log(f"rank {rank} ({self.hosts.get(rank, '?')}) is at:\n{_indent(text)}")
+                self.log(f"rank {rank} ({self._host_of(rank)}) is at:\n{_indent(text)}")
             for failure in self.failures:  # a rank that went silent: the dump comes after the failure
                 if failure.rank == rank and failure.exit is None and not failure.detail:
                     failure.detail = f"rank {rank} was at:\n{text}"
@@ -439,7 +444,42 @@ class Coordinator:
                 self.fail(Failure(time.time(), f"{who} sent no heartbeat for {self.heartbeat_timeout_s:.0f} s "
                                                f"({cause}){self._who_waits(waiting)}", rank))
         self._check_left_behind()
+        self._check_joining()
         self._check_stalls()
+
+    def _check_joining(self) -> None:
+        """Ranks that called macfleet.init() wait there for every other rank (the rendezvous
+        timeout, 10 minutes, bounds it). A rank still importing torch on a cold disk, downloading
+        data or stuck before its init left the terminal silent all that while: once a stall
+        timeout, say who waits for whom, and where each late rank is (its agent has faulthandler
+        dump its stacks: it has no runtime to ask yet)."""
+        now = time.monotonic()
+        if self._first_joined is None or self.stall_timeout_s <= 0 or self.aborted is not None or \
+                len(self.registered) == self.world_size or now < self._next_join_note:
+            return
+        self._next_join_note = now + self.stall_timeout_s
+        late = [r for r in range(self.world_size) if r not in self.registered and r not in self.exits]
+        if not late:
+            return
+        joined = sorted(self.registered)
+        self.log(f"rank{'s' if len(joined) > 1 else ''} {_listed(joined)} called macfleet.init() "
+                 f"{now - self._first_joined:.0f} s ago "
+                 f"and wait{'' if len(joined) > 1 else 's'} for "
+                 f"{', '.join(f'rank {r} ({self._host_of(r)})' for r in late[:8])}"
+                 f"{' ...' if len(late) > 8 else ''}, not there yet: still starting (importing torch, loading "
+                 f"data), or stuck before it")
+        for r in late[:3]:
+            self.send_each("agent", protocol.STACKS, rank=r)
+
+    def _host_of(self, rank: int) -> str:
+        """A rank's host: from its registration, else from its agent's hello (its ranks' range)."""
+        if rank in self.hosts:
+            return self.hosts[rank]
+        for hello in self.hellos.values():
+            first, end = (hello.get("ranks") or [0, 0])[:2]
+            if first <= rank < end:
+                return str(hello.get("host", "?"))
+        return "?"
 
     def _agent(self, name: str) -> str:
         """'the agent on host mini2' for the peer ``agent-1``."""
@@ -519,3 +559,7 @@ def _fewer_steps(op: str) -> str:
     return ("; in DataParallel that means fewer training steps: every rank must run as many batches as the others "
             "(macfleet.DistributedSampler gives every rank the same number)")
 
+
+def _listed(ranks: list[int]) -> str:
+    """'0, 2, 3', or '0-63 (64 ranks)' past eight."""
+    return ", ".join(map(str, ranks)) if len(ranks) <= 8 else f"{ranks[0]}-{ranks[-1]} ({len(ranks)} ranks)"

@@ -235,6 +235,20 @@ def test_a_rank_that_never_joins_is_named_without_waiting_for_the_rendezvous_tim
     assert job.seconds < 20
 
 
+def test_ranks_waiting_for_a_late_one_to_join_say_so_and_where_it_is() -> None:
+    """Rank 1 takes its time before macfleet.init() (torch imported from a cold disk, data
+    loaded first): the others waited there in silence, for up to the rendezvous timeout. Once a
+    stall timeout the launcher says who waits for whom, with the late rank's stacks."""
+    job = run_launch("--nproc", "3", "--stall-timeout", "2", BEHAVE, "1", "late", env={"BEHAVE_LATE_S": "5"},
+                     timeout=60)
+    assert job.code == 0 and job.stdout.count("finished") == 3, job.output
+    assert re.search(r"ranks 0, 2 called macfleet.init\(\) \d+ s ago and wait for rank 1 \(localhost\)", job.stderr), \
+        job.stderr
+    stacks = job.stderr[job.stderr.index("rank 1 (localhost) is at:"):]
+    line = behave_line("BEHAVE_LATE_S\", \"6\")")
+    assert f'behave.py", line {line}' in stacks, stacks
+
+
 @pytest.mark.parametrize("path", ["shared-memory", "sockets"])
 @pytest.mark.parametrize("mismatch", ["numel", "rop", "dtype", "kind", "save"])
 def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, mismatch: str) -> None:

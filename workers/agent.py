@@ -234,7 +234,7 @@ class Agent:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             return 2
         hello = {"host_index": self.spec.host_index, "host": self.spec.host, "facts": host_facts(),
-                 "data_addr": self.data_addr}
+                 "data_addr": self.data_addr, "ranks": [self.spec.rank_base, self.spec.rank_base + self.spec.slots]}
         if self.spec.host_index == 0:
             self.store_socket = _listening_socket(self.data_addr)
             hello["master_port"] = self.store_socket.getsockname()[1]
@@ -411,6 +411,12 @@ class Agent:
         """The coordinator heard nothing from ``rank`` (ours?): have faulthandler dump its stacks."""
         for w in self.workers:
             if w.rank == rank and w.proc.poll() is None and dumps.DUMP_SIGNAL is not None:
+                try:
+                    # Armed, it has made the file: the signal's default action would kill it. Emptied:
+                    # the dump asked for last time is not where it is now.
+                    os.truncate(stacks_file(w.error_file), 0)
+                except OSError:
+                    return  # not armed yet (a rank still starting Python), or never
                 try:
                     os.kill(w.proc.pid, dumps.DUMP_SIGNAL)
                 except ProcessLookupError:

@@ -35,7 +35,7 @@ def arm(path: str) -> None:
     if DUMP_SIGNAL is None:
         return
     try:
-        f = open(path, "w")
+        f = open(path, "a")  # appending: the agent empties it before each dump it asks for
     except OSError:
         return  # no dump, rather than no script
     _kept.append(f)
@@ -49,7 +49,8 @@ def tidy(dump: str, frames_per_thread: int = 10) -> str:
     macfleet's own threads left out."""
     threads: list[tuple[bool, list[str]]] = []
     for block in re.split(r"\n\s*\n", dump.strip()):
-        frames = [m for m in (_FRAME.match(line) for line in block.splitlines()[1:]) if m]
+        frames = [m for m in (_FRAME.match(line) for line in block.splitlines()[1:])
+                  if m and not m["path"].startswith("<frozen importlib")]  # an import's machinery: noise
         frames.reverse()  # outermost first
         main = any(_starts_script(f["path"]) for f in frames)
         while frames and _starts_script(frames[0]["path"]):

@@ -7,8 +7,8 @@ alive but never back from a data loader, ``gil``: stuck in native code holding t
 (``BEHAVE_BUSY_S``, 9 s) before it joins the others, ``huge-error`` / ``huge-line``: an
 exception or a stderr line too large for one control message, ``after-shutdown``: a
 collective after ``macfleet.shutdown()``, ``early``: shut down and exit 0, ``no-init``: exit 0
-before ``macfleet.init()``, ``child``: raise, as every rank leaves a background process
-holding its stdout and stderr, ``none``) while the others wait in all-reduces, which a failure
+before ``macfleet.init()``, ``late``: call it only after ``BEHAVE_LATE_S`` (6 s), ``child``:
+raise, as every rank leaves a background process holding its stdout and stderr, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
 (until stopped). ``env`` prints the environment contract as this rank sees it.
 In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
@@ -53,6 +53,8 @@ def next_batch() -> None:
 fail_rank, mode = int(sys.argv[1]), sys.argv[2]
 if mode == "no-init" and int(os.environ["RANK"]) == fail_rank:  # finishes without ever joining
     sys.exit(0)
+if mode == "late" and int(os.environ["RANK"]) == fail_rank:  # loading its data before it joins, say
+    time.sleep(float(os.environ.get("BEHAVE_LATE_S", "6")))
 macfleet.init()
 rank = macfleet.rank()
 if mode == "env":
