@@ -51,6 +51,24 @@ def run_launch(*args: str, timeout: float = 120, env: dict[str, str] | None = No
     return Job(proc.returncode, out, err, time.monotonic() - started)
 
 
+def start_launch(*args: str, ready: str, ranks: int, env: dict[str, str] | None = None,
+                 stderr: int = subprocess.PIPE) -> tuple[subprocess.Popen, list[str]]:
+    """Start ``macfleet launch ARGS`` in a session of its own; return it once ``ranks`` lines of
+    its output hold ``ready`` (one from each rank), with the lines read so far."""
+    proc = subprocess.Popen(launch_command(*args), stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            start_new_session=True, env={**os.environ, **(env or {})})
+    assert proc.stdout is not None
+    lines: list[str] = []
+    while sum(ready in line for line in lines) < ranks:
+        line = proc.stdout.readline()
+        if not line:
+            kill_group(proc.pid)
+            _, err = proc.communicate()
+            pytest.fail(f"job ended before its ranks were ready: {err}")
+        lines.append(line)
+    return proc, lines
+
+
 def kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import BIN, job_processes, kill_group, launch_command, run_launch
+from conftest import BIN, job_processes, kill_group, launch_command, run_launch, start_launch
 
 BEHAVE = str(BIN / "behave.py")
 
@@ -28,17 +28,9 @@ class RunningJob:
     """A job started in the background, with its ranks' pids once they are ready."""
 
     def __init__(self, *args: str, ranks: int) -> None:
-        self.proc = subprocess.Popen(launch_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, start_new_session=True)
-        self.pids: dict[int, int] = {}
-        self.lines: list[str] = []
-        assert self.proc.stdout is not None
-        while len(self.pids) < ranks:
-            line = self.proc.stdout.readline()
-            assert line, "job ended before its ranks were ready: " + (self.proc.stderr.read() if self.proc.stderr else "")
-            self.lines.append(line)
-            if " ready pid=" in line:
-                self.pids[int(line.split()[1].rstrip("]"))] = int(line.rsplit("=", 1)[1])
+        self.proc, self.lines = start_launch(*args, ready=" ready pid=", ranks=ranks)
+        self.pids = {int(line.split()[1].rstrip("]")): int(line.rsplit("=", 1)[1])
+                     for line in self.lines if " ready pid=" in line}
 
     def wait(self, timeout: float) -> tuple[int, str, float]:
         """Exit code, stderr, and seconds since this call (the fault was injected just before)."""
@@ -306,16 +298,9 @@ def test_a_link_that_fails_for_seconds_does_not_stop_the_job(netns_hosts, tmp_pa
 
     hosts, server = netns_hosts
     stop = tmp_path / "stop"
-    proc = subprocess.Popen(launch_command("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:1", *server.launch_options(),
-                                           "--heartbeat-timeout", "4", str(BIN / "steady.py"), str(stop)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc, _ = start_launch("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:1", *server.launch_options(),
+                           "--heartbeat-timeout", "4", str(BIN / "steady.py"), str(stop), ready="ENDPOINTS", ranks=2)
     try:
-        assert proc.stdout is not None
-        ready = 0
-        while ready < 2:
-            line = proc.stdout.readline()
-            assert line, "job ended before its ranks were ready"
-            ready += "ENDPOINTS" in line
         with netns.deaf_to_launcher(hosts[1]):
             time.sleep(3.5)  # the outage itself: nothing to wait for but the clock
         stop.touch()

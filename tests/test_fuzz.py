@@ -4,9 +4,7 @@ its coordinator and at every rank's ring sockets; everything bad is dropped and 
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
 import threading
 import time
 
@@ -16,7 +14,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import BIN, kill_group, launch_command
+from conftest import BIN, kill_group, start_launch
 
 WORLD = 3
 
@@ -26,17 +24,12 @@ def live_job(tmp_path_factory):
     stop = tmp_path_factory.mktemp("fuzz") / "stop"
     # Without shared memory every collective crosses the ring sockets the fuzzer can reach
     # (shared memory is a file only this job's ranks can open).
-    proc = subprocess.Popen(launch_command("--nproc", str(WORLD), str(BIN / "steady.py"), str(stop)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "MACFLEET_SHM": "0"})
-    endpoints, lines = {}, []
+    proc, started = start_launch("--nproc", str(WORLD), str(BIN / "steady.py"), str(stop), ready=" ENDPOINTS ",
+                                 ranks=WORLD, env={"MACFLEET_SHM": "0"})
+    endpoints = {info["rank"]: info for info in (json.loads(line.split(" ENDPOINTS ", 1)[1])
+                                                 for line in started if " ENDPOINTS " in line)}
+    lines: list[str] = []
     assert proc.stdout is not None
-    while len(endpoints) < WORLD:
-        line = proc.stdout.readline()
-        assert line, "job ended early"
-        if " ENDPOINTS " in line:
-            info = json.loads(line.split(" ENDPOINTS ", 1)[1])
-            endpoints[info["rank"]] = info
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # keep the pipe drained
     reader.start()
     targets = [e for info in endpoints.values() for e in info["ring"].values()]

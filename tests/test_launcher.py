@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import BIN, job_processes, kill_group, launch_command, run_launch
+from conftest import BIN, job_processes, kill_group, launch_command, run_launch, start_launch
 
 BEHAVE = str(BIN / "behave.py")
 
@@ -70,16 +70,8 @@ def test_a_crash_in_native_code_is_reported_with_the_script_s_line() -> None:
 
 
 def test_ctrl_c_stops_every_process_of_the_job() -> None:
-    proc = subprocess.Popen(launch_command("--nproc", "2", BEHAVE, "-1", "hang"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc, _ = start_launch("--nproc", "2", BEHAVE, "-1", "hang", ready=" ready pid=", ranks=2)
     try:
-        ready = set()
-        assert proc.stdout is not None
-        while len(ready) < 2:
-            line = proc.stdout.readline()
-            assert line, "job ended before its ranks were ready"
-            if " ready pid=" in line:
-                ready.add(line.split("]")[0])
         assert len(job_processes()) >= 4  # launcher, agent, two ranks
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BIN, MNIST, Job, job_processes, kill_group, launch_command, run_launch
+from conftest import BIN, MNIST, Job, job_processes, kill_group, run_launch, start_launch
 from test_faults import RunningJob, behave_line
 from test_training import STEPS, reference_parameters
 
@@ -279,16 +279,9 @@ def test_a_remote_agent_killed_is_not_reported_as_unreachable(sshd) -> None:
 
 
 def test_killing_the_launcher_leaves_no_process_on_any_host(sshd) -> None:
-    proc = subprocess.Popen(launch_command("--hosts", "127.0.0.2:2,127.0.0.3:1", *sshd.launch_options(),
-                                           BEHAVE, "-1", "hang"),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    proc, _ = start_launch("--hosts", "127.0.0.2:2,127.0.0.3:1", *sshd.launch_options(), BEHAVE, "-1", "hang",
+                           ready=" ready pid=", ranks=3, stderr=subprocess.DEVNULL)
     try:
-        assert proc.stdout is not None
-        ready = 0
-        while ready < 3:
-            line = proc.stdout.readline()
-            assert line, "job ended before its ranks were ready"
-            ready += " ready pid=" in line
         os.kill(proc.pid, signal.SIGKILL)  # the launcher alone: its agents and ranks must notice by themselves
         proc.wait()
         deadline = time.monotonic() + 20
