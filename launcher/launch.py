@@ -189,7 +189,7 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
                stdin: StdinRelay | None) -> int:
     started_at = time.monotonic()
     abort_at: float | None = None
-    ended_well: dict[int, float] = {}  # agents whose process ended with code 0 before their goodbye arrived: when
+    ended_well: dict[int, float] = {}  # agent -> when its process was seen ended before its goodbye arrived
     ring_shown = False
     stdin_ended = False
     while True:

@@ -1,8 +1,8 @@
 """A rank's last collectives, and the lines of the script that called them.
 
-Ranks that call different collectives (rank 0 logs a metric with an all-reduce the others
-skip, or runs a training-mode forward alone) fail with "rank 0 is in collective 11, rank 1 in
-collective 9": true, but it names neither the two collectives rank 0 made on its own nor where.
+Ranks that call different collectives (rank 0 averages a metric for its log line and the
+others do not, or saves a checkpoint alone) fail with "rank 0 is in collective 11, rank 1 in
+collective 9": true, but it names neither the collectives rank 0 made on its own nor where.
 Each rank keeps its last few, with the line of the script (or library) that called each; its
 exit report carries them, and the launcher's report lines the ranks' lists up side by side.
 """
@@ -18,7 +18,7 @@ from collections import deque
 
 import torch
 
-KEPT = 16  # per rank; the report shows the last few (``lines``)
+KEPT = 4  # per rank: enough to see where two ranks parted, short enough for a report of many
 # Frames that are not the caller: macfleet's own, torch's (a module's __call__ around a
 # DataParallel forward, autograd around the end of backward) and the plumbing of threads and
 # context managers. The first frame past them is the script's line, or a library's.
@@ -57,10 +57,10 @@ class History:
     def add(self, op: int, what: object, site: tuple[str, int]) -> None:
         self.made.append((op, what, *site))
 
-    def lines(self, count: int = 4) -> list[str]:
-        """The last ``count`` collectives, oldest first, each with its calling line's source."""
+    def lines(self) -> list[str]:
+        """The last collectives, oldest first, each with its calling line's source."""
         out = []
-        for op, what, path, line in list(self.made)[-count:]:
+        for op, what, path, line in list(self.made):
             source = linecache.getline(path, line).strip() if path else ""
             at = f" at {where(path, line)}" + (f": {source[:80]}" if source else "") if path else ""
             out.append(f"#{op} {what}{' [failed here]' if op == self.failed_in else ''}{at}")
