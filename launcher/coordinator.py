@@ -230,7 +230,10 @@ class Coordinator:
             return ""
         first = next(iter(waiting.values()))
         ranks = ", ".join(str(r) for r in sorted(waiting))
-        return f"; rank{'s' if len(waiting) > 1 else ''} {ranks} {'are' if len(waiting) > 1 else 'is'} waiting for it in {first.get('op')} (op {first.get('id')})"
+        sites = {w.get("at") for w in waiting.values()}
+        at = f" at {sites.pop()}" if len(sites) == 1 and None not in sites and "" not in sites else ""
+        return (f"; rank{'s' if len(waiting) > 1 else ''} {ranks} {'are' if len(waiting) > 1 else 'is'} waiting for "
+                f"it in {first.get('op')} (op {first.get('id')}){at}")
 
     def _check_stalls(self) -> None:
         """Horovod's stall report: ranks waiting in a collective for a long time, and the live

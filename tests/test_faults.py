@@ -89,6 +89,8 @@ def test_a_stopped_rank_is_reported_then_aborted(job_of_three) -> None:
     cause = err[err.index("root cause"):]
     assert "rank 2 (localhost) sent no heartbeat for 4 s" in cause
     assert "ranks 0, 1 are waiting for it in all_reduce" in cause
+    at = re.search(r"waiting for it in all_reduce \(op \d+\) at \S*behave.py:(\d+)", cause)  # and where
+    assert at and int(at[1]) in (behave_line("macfleet.barrier()"), behave_line("the others wait in mode hang")), cause
     assert seconds < 4 + 11
 
 

@@ -120,7 +120,7 @@ if mode in mismatch:
     print(f"returned {result.tolist()}", flush=True)  # what the test must never see
 if mode == "hang":
     while True:
-        macfleet.all_reduce(torch.ones(8))
+        macfleet.all_reduce(torch.ones(8))  # where the others wait in mode hang
 for _ in range(3):
     macfleet.all_reduce(torch.ones(8))
 print("finished", flush=True)
