@@ -328,6 +328,12 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+# A fresh start meets these again at once: the script's own mistakes (it calls collectives
+# differently on different ranks, misuses the API, cannot be imported), not a lost Mac or a crash.
+NOT_RESTARTED = ("ConfigError", "ProtocolError", "SyntaxError", "IndentationError", "ImportError",
+                 "ModuleNotFoundError", "NameError")
+
+
 def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
     """Run the job; after a failure, run it again from scratch (a new rendezvous round with
     ``MACFLEET_RESTART_COUNT`` one higher) up to ``max_restarts`` times. The script resumes
@@ -347,5 +353,10 @@ def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
                 log(f"each rank's output is also in {os.path.join(cfg.cwd, cfg.log_dir, 'rank-K.log')}{where}")
             return outcome.code
         root = outcome.coordinator.root_cause()
+        kind = (root.exit.error or {}).get("type") if root is not None and root.exit is not None else None
+        if kind in NOT_RESTARTED:
+            log(f"not restarting: the job failed with {kind}, a mistake in the script that a restart would meet "
+                f"again (--max-restarts is for lost Macs and crashes)")
+            return outcome.code
         log(f"restart {attempt + 1} of {max_restarts} after: {root.reason if root else 'a failure'}")
     return 1

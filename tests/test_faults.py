@@ -263,6 +263,14 @@ def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, misma
     assert job.seconds < 20
 
 
+def test_a_mistake_in_the_script_is_not_restarted() -> None:
+    """Ranks that call different collectives fail the same way on every attempt: each restart
+    reloaded the checkpoint only to fail again."""
+    job = run_launch("--nproc", "2", "--max-restarts", "2", BEHAVE, "1", "numel", timeout=60)
+    assert job.code == 1 and "restart 1 of 2" not in job.stderr, job.output
+    assert "not restarting: the job failed with ProtocolError" in job.stderr, job.stderr
+
+
 def behave_line(text: str) -> int:
     """The number of behave.py's line that holds ``text``."""
     lines = open(BEHAVE).read().splitlines()
