@@ -102,6 +102,7 @@ class Coordinator:
         self.speeds: dict[int, float] = {}  # rank -> its share of a step's samples per second of its work in one
         self._seq = 0
         self._next_beat = 0.0
+        self._last_check = time.monotonic()  # when heartbeats were last judged (a paused launcher skips a round)
         self._first_joined: float | None = None  # when the first rank called macfleet.init()
         self._next_join_note = 0.0  # when to say who the joined ranks still wait for
 
@@ -434,6 +435,14 @@ class Coordinator:
 
     def _check_heartbeats(self) -> None:
         now = time.monotonic()
+        stalled, self._last_check = now - self._last_check, now
+        if stalled > 2 * protocol.HEARTBEAT_S:
+            # The launcher itself did not run (Ctrl-Z then fg, a launching Mac that slept): the
+            # others' beats of that time wait in its socket, read at the next poll. Its own
+            # pause is nobody's silence; judge them, and their waits, from the next round on.
+            for peer in self.peers.values():
+                peer.last_seen = max(peer.last_seen, now - protocol.HEARTBEAT_S)
+            return
         for name, peer in self.peers.items():
             if peer.watched and now - peer.last_seen > self.heartbeat_timeout_s:
                 peer.watched = False

@@ -127,15 +127,6 @@ def firewall(host: NetnsHost, block: str) -> Iterator[None]:
             yield
 
 
-@contextmanager
-def deaf_to_launcher(host: NetnsHost) -> Iterator[None]:
-    """Drop every packet from the bridge's address (where the launcher runs) to ``host``, while
-    what the host sends still arrives: a link that fails one way, as Wi-Fi's sometimes do. The
-    launcher hears the host; the host hears nothing from it (its ranks' ring is untouched)."""
-    with _dropping([], f"{host.veth}p", ["match", "ip", "src", f"{SUBNET}.1/32"]):
-        yield
-
-
 SYN_ONLY = ["match", "u8", "0x02", "0x12", "at", "33"]  # TCP flags of a header after 20 bytes of IP
 
 

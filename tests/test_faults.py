@@ -298,30 +298,6 @@ def test_a_host_cut_off_from_the_network(netns_hosts) -> None:
         job.close()
 
 
-def test_a_link_that_fails_for_seconds_does_not_stop_the_job(netns_hosts, tmp_path) -> None:
-    """The launcher's packets to the second host are lost for 3.5 s (Wi-Fi that drops out one
-    way), while the ranks' ring is untouched. TCP's retransmission backoff stretches that to
-    about 6 s of silence at the host's agent, which used to stop its ranks after one heartbeat
-    timeout (4 s) and fail a healthy job; the launcher, which judges lost hosts, had heard the
-    host in time. The job goes on, with every result exact."""
-    import netns
-
-    hosts, server = netns_hosts
-    stop = tmp_path / "stop"
-    proc, _ = start_launch("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:1", *server.launch_options(),
-                           "--heartbeat-timeout", "4", str(BIN / "steady.py"), str(stop), ready="ENDPOINTS", ranks=2)
-    try:
-        with netns.deaf_to_launcher(hosts[1]):
-            time.sleep(3.5)  # the outage itself: nothing to wait for but the clock
-        stop.touch()
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        assert out.count("RESULT wrong=0") == 2, out
-    finally:
-        kill_group(proc.pid)
-        proc.communicate()
-
-
 def test_an_agent_told_to_stop_says_so_in_the_report(job_of_three) -> None:
     """A host's agent that gets SIGTERM (its Mac's user logs out, the Mac shuts down) stops its
     ranks. The report said only "rank 0 was killed by SIGTERM", as if the script had been."""

@@ -278,6 +278,27 @@ def test_a_remote_agent_killed_is_not_reported_as_unreachable(sshd) -> None:
     assert seconds < 15
 
 
+def test_a_launcher_paused_for_longer_than_a_heartbeat_timeout_does_not_stop_the_job(sshd, tmp_path) -> None:
+    """Ctrl-Z on the launcher, then fg 4 s later (or the launching Mac asleep for as long): the
+    hosts' agents heard nothing for over a heartbeat timeout (3 s) and stopped their ranks, and
+    the launcher, back, took its own pause for everyone's silence. The launcher judges lost hosts;
+    an agent now waits two timeouts, and the launcher does not count time it did not run."""
+    stop = tmp_path / "stop"
+    proc, _ = start_launch("--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(), "--heartbeat-timeout", "3",
+                           str(BIN / "steady.py"), str(stop), ready="ENDPOINTS", ranks=2)
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)  # the launcher alone; the hosts' agents and ranks run on
+        time.sleep(4)  # the pause itself: nothing to wait for but the clock
+        os.kill(proc.pid, signal.SIGCONT)
+        stop.touch()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert out.count("RESULT wrong=0") == 2, out
+    finally:
+        kill_group(proc.pid)
+        proc.communicate()
+
+
 def test_killing_the_launcher_leaves_no_process_on_any_host(sshd) -> None:
     proc, _ = start_launch("--hosts", "127.0.0.2:2,127.0.0.3:1", *sshd.launch_options(), BEHAVE, "-1", "hang",
                            ready=" ready pid=", ranks=3, stderr=subprocess.DEVNULL)
