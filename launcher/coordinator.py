@@ -474,7 +474,7 @@ class Coordinator:
         if not late:
             return
         joined = sorted(self.registered)
-        self.log(f"rank{'s' if len(joined) > 1 else ''} {_listed(joined)} called macfleet.init() "
+        self.log(f"rank{'s' if len(joined) > 1 else ''} {spans(joined)} called macfleet.init() "
                  f"{now - self._first_joined:.0f} s ago "
                  f"and wait{'' if len(joined) > 1 else 's'} for "
                  f"{', '.join(f'rank {r} ({self._host_of(r)})' for r in late[:8])}"
@@ -572,6 +572,12 @@ def _fewer_steps(op: str) -> str:
             "(macfleet.DistributedSampler gives every rank the same number)")
 
 
-def _listed(ranks: list[int]) -> str:
-    """'0, 2, 3', or '0-63 (64 ranks)' past eight."""
-    return ", ".join(map(str, ranks)) if len(ranks) <= 8 else f"{ranks[0]}-{ranks[-1]} ({len(ranks)} ranks)"
+def spans(ranks: list[int]) -> str:
+    """Sorted ranks in runs: [0, 1, 2, 5] -> '0-2, 5'."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

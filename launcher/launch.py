@@ -216,7 +216,7 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
             if agent.proc.poll() is not None and index not in coord.agents_done and coord.aborted is None:
                 # Code 0: its ranks all finished and it said goodbye before it ended. Over a link
                 # that was lost for a while, ssh's word of the end can come first: TCP's backoff
-                # holds the control connection seconds longer (test_faults, a link that fails).
+                # holds the control connection seconds longer.
                 since = ended_well.setdefault(index, time.monotonic())
                 if agent.proc.returncode == 0 and index in coord.hellos and \
                         time.monotonic() - since < cfg.heartbeat_timeout_s:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from macfleet.launcher.coordinator import Failure
+from macfleet.launcher.coordinator import Failure, spans
 from macfleet.protocol import WorkerExit
 
 
@@ -68,20 +68,9 @@ def collectives_report(exits: dict[int, WorkerExit]) -> list[str]:
         if k == LISTED_RANKS:
             lines.append(f"  ... and {sum(len(r) for r in list(groups.values())[k:])} more ranks")
             break
-        lines.append(f"  rank{'s' if len(ranks) > 1 else ''} {_spans(ranks)}:")
+        lines.append(f"  rank{'s' if len(ranks) > 1 else ''} {spans(ranks)}:")
         lines += ["    " + line for line in made.splitlines()]
     return lines
-
-
-def _spans(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    spans: list[list[int]] = []
-    for r in ranks:
-        if spans and r == spans[-1][1] + 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 VERSION_KEYS = ("torch", "macfleet")

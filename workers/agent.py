@@ -411,17 +411,18 @@ class Agent:
         """The coordinator heard nothing from ``rank`` (ours?): have faulthandler dump its stacks."""
         for w in self.workers:
             if w.rank == rank and w.proc.poll() is None and dumps.DUMP_SIGNAL is not None:
+                path = stacks_file(w.error_file)
                 try:
                     # Armed, it has made the file: the signal's default action would kill it. Emptied:
                     # the dump asked for last time is not where it is now.
-                    os.truncate(stacks_file(w.error_file), 0)
+                    os.truncate(path, 0)
                 except OSError:
                     return  # not armed yet (a rank still starting Python), or never
                 try:
                     os.kill(w.proc.pid, dumps.DUMP_SIGNAL)
                 except ProcessLookupError:
                     return  # it has just exited: its exit says more
-                self._dumps[w.rank] = _Dump(stacks_file(w.error_file), time.monotonic() + DUMP_WAIT_S)
+                self._dumps[w.rank] = _Dump(path, time.monotonic() + DUMP_WAIT_S)
 
     def _send_dumps(self) -> None:
         """Each dump asked for, once its file has stopped growing (faulthandler writes it at
