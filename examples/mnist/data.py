@@ -129,7 +129,7 @@ def synthetic_digits(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     labels = torch.randint(0, 10, (n,), generator=g)
     images = torch.zeros(n, 28 * 28)
     ys, xs = torch.meshgrid(torch.arange(28.0), torch.arange(28.0), indexing="ij")
-    pixels = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=1) + 0.5  # [784, 2] pixel centres
+    px, py = xs.reshape(1, -1) + 0.5, ys.reshape(1, -1) + 0.5  # [1, 784] pixel centres
     for digit in range(10):
         idx = (labels == digit).nonzero().squeeze(1)
         if idx.numel() == 0:
@@ -146,12 +146,18 @@ def synthetic_digits(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = angle.cos(), angle.sin()
         m = torch.stack([torch.stack([cos * aspect, -sin + shear], -1), torch.stack([sin * aspect, cos], -1)], -2)
         pts = (seg - 0.5) @ (m * scale[:, None, None]).transpose(1, 2)[:, None] + shift[:, None, None]
-        dist = torch.full((b, 28 * 28), float("inf"))
-        for k in range(pts.shape[1]):  # distance from every pixel to the nearest segment
-            a, d = pts[:, k, 0], pts[:, k, 1] - pts[:, k, 0]  # [b, 2]
-            rel = pixels[None] - a[:, None]  # [b, 784, 2]
-            t = ((rel @ d[:, :, None]).squeeze(-1) / (d * d).sum(-1, keepdim=True).clamp_min(1e-6)).clamp(0, 1)
-            dist = torch.minimum(dist, (rel - t[..., None] * d[:, None]).norm(dim=-1))
+        # squared distance from every pixel to the nearest segment, x and y as separate [b, 784]
+        # planes: elementwise work only (a batched matmul and norm over a dimension of 2 cost 5x more)
+        dist2 = torch.full((b, 28 * 28), float("inf"))
+        for k in range(pts.shape[1]):
+            ax, ay = pts[:, k, 0, 0:1], pts[:, k, 0, 1:2]  # [b, 1]
+            dx, dy = pts[:, k, 1, 0:1] - ax, pts[:, k, 1, 1:2] - ay
+            rx, ry = px - ax, py - ay  # [b, 784]
+            t = torch.addcmul(rx * dx, ry, dy).mul_(1 / (dx * dx + dy * dy).clamp_min(1e-6)).clamp_(0, 1)
+            rx.addcmul_(t, dx, value=-1)  # now the offset from the nearest point of the segment
+            ry.addcmul_(t, dy, value=-1)
+            torch.minimum(dist2, rx.mul_(rx).addcmul_(ry, ry), out=dist2)
+        dist = dist2.sqrt_()
         width = 0.9 + 0.9 * torch.rand(b, 1, generator=g)
         images[idx] = (1.0 - (dist - width).clamp(0, 1.0)).clamp(0, 1)
     images = (images + 0.08 * torch.randn(images.shape, generator=g)).clamp(0, 1)
