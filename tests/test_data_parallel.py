@@ -50,11 +50,10 @@ def test_data_parallel_matches_the_whole_batch(tmp_path, case: str) -> None:
     tolerance = TOLERANCE.get(case, 1e-5)
     for name, value in want.items():
         assert torch.allclose(got[name], value, atol=tolerance, rtol=0), (name, (got[name] - value).abs().max())
-    if case in TOLERANCE:  # and compression does change something, so the bound means something
-        exact = run_launch("--nproc", "3", str(BIN / "dp_cases.py"), "buckets", str(tmp_path / "exact.pt"), env=env)
-        assert exact.code == 0
-        plain = torch.load(tmp_path / "exact.pt")
-        assert any(not torch.equal(got[n], plain[n]) for n in plain)
+    if case in TOLERANCE:  # and compression does change something, so the bound means something.
+        # Uncompressed, only the order of float32 sums differs from the oracle (under 1e-7 here);
+        # the wire's half precision leaves fp16 1.8e-5 and bf16 1.6e-4 away.
+        assert max((got[n] - want[n]).abs().max().item() for n in want) > 1e-6
 
 
 def failed(case: str, nproc: int = 2) -> tuple[Job, str]:

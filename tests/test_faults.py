@@ -430,7 +430,7 @@ def test_a_killed_and_restarted_run_ends_like_an_uninterrupted_one(tmp_path) -> 
     from conftest import MNIST, run_launch
     import random
 
-    args = ["--env", "OMP_NUM_THREADS=1", str(MNIST), "--epochs", "3", "--checkpoint-every", "10"]
+    args = ["--env", "OMP_NUM_THREADS=1", str(MNIST), "--epochs", "2", "--checkpoint-every", "10"]
     clean = run_launch("--nproc", "2", *args, "--train-url", str(tmp_path / "clean"), timeout=300)
     assert clean.code == 0, clean.output
     crashed_dir = tmp_path / "crashed"
