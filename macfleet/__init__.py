@@ -48,6 +48,7 @@ _LAZY = {
     "all_gather_object": "macfleet.objects",
     "DataParallel": "macfleet.parallel",
     "DistributedSampler": "macfleet.sampler",
+    "SyncBatchNorm": "macfleet.sync_batch_norm",
 }
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from macfleet.runtime import (all_gather, all_reduce, barrier, broadcast, device, empty_cache, host_tensor, init,
                                   local_rank, memory, rank, shutdown, world_size)
     from macfleet.sampler import DistributedSampler
+    from macfleet.sync_batch_norm import SyncBatchNorm
 
 
 def __getattr__(name: str) -> Any:
@@ -77,5 +79,5 @@ __all__ = [
     "RendezvousError", "__version__", "checkpoint",
     "init", "shutdown", "rank", "world_size", "local_rank", "device", "memory", "empty_cache", "all_reduce",
     "broadcast", "all_gather", "barrier", "host_tensor", "broadcast_object", "all_gather_object", "DataParallel",
-    "DistributedSampler",
+    "DistributedSampler", "SyncBatchNorm",
 ]

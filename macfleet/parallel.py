@@ -30,12 +30,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import warnings
 import weakref
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 from torch import nn
@@ -113,8 +112,6 @@ class DataParallel(nn.Module):
             _check_trainable([(n, p) for n, p in module.named_parameters() if p.requires_grad], self.runtime.device)
             return
         assert self.runtime.collectives is not None  # several ranks: there is a ring
-        if self.runtime.rank == 0:
-            _warn_of_unsynced_batch_norm(module)
         self._collectives: Collectives = self.runtime.collectives  # for the hooks below
         self._collectives.step_share = self.scale / self.runtime.world_size  # its part of each step
         with torch.no_grad(), rt.on_behalf_of("DataParallel (start)"):
@@ -136,6 +133,7 @@ class DataParallel(nn.Module):
         self._known_buffers = list(self.module.buffers())
         named = [(n, p) for n, p in self._known_params if p.requires_grad]
         _check_trainable(named, self.runtime.device)
+        _share_batch_statistics(self.module)
         self._unhook()
         for bucket in self.buckets:  # gradients leave the old buckets' memory, as they are
             for k, p in enumerate(bucket.params):
@@ -205,7 +203,7 @@ class DataParallel(nn.Module):
         # training mode; DDP gates its reducer on the same). Its buffers come from rank 0 at the
         # next training forward, the one that counts.
         if self.training and torch.is_grad_enabled():
-            _eagerly(self._before_training_forward)()
+            eagerly(self._before_training_forward)()
         return self.module(*args, **kwargs)
 
     def _before_training_forward(self) -> None:
@@ -365,6 +363,40 @@ class DataParallel(nn.Module):
             bucket.sparse.clear()
 
 
+T = TypeVar("T")
+
+
+def in_turn(fn: Callable[[], T]) -> T:
+    """Run the collective ``fn`` after every gradient bucket released before it. A collective
+    made inside backward (``SyncBatchNorm``'s) would otherwise race the bucket thread's for the
+    next collective number, and ranks would pair it with different buckets. While the thread
+    has buckets in flight ``fn`` runs there, in release order, and this thread waits for it;
+    when it is idle nothing can be in flight (only this thread releases), so ``fn`` runs here."""
+    comm = _CommThread.existing(rt.runtime())
+    if comm is None or comm.idle():
+        return fn()
+    with rt.waiting():
+        return comm.call(fn)
+
+
+@dataclass
+class _Call:
+    """A collective for the bucket thread to run in its turn (``in_turn``)."""
+
+    fn: Callable[[], Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # raised again in the thread that waits for it
+            self.error = exc
+        finally:
+            self.done.set()
+
+
 class _CommThread:
     """Averages released buckets over the ring, in release order; one per process (``of``)."""
 
@@ -387,7 +419,7 @@ class _CommThread:
     def __init__(self, runtime: rt.Runtime) -> None:
         self.device = runtime.device
         self.collectives = runtime.collectives
-        self.inbox: queue.Queue[tuple[Bucket, HostEvent, list[Bucket], str]] = queue.Queue()
+        self.inbox: queue.Queue[tuple[Bucket, HostEvent, list[Bucket], str] | _Call] = queue.Queue()
         self.done = threading.Condition()
         self.released = self.finished = 0  # buckets, since the start
         self.error: BaseException | None = None  # sticky: after a failed exchange no gradient is trusted
@@ -401,6 +433,17 @@ class _CommThread:
         before) with ``compression``. One message, one wake-up."""
         self.released += len(release)  # only the thread that runs backward hands over
         self.inbox.put((bucket, ready, release, compression))
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn``'s result, run on this thread after everything released before it."""
+        request = _Call(fn)
+        self.inbox.put(request)
+        while not request.done.wait(0.1):
+            if self.error is not None:  # a failed exchange before it: the ranks are out of step
+                raise self.error
+        if request.error is not None:
+            raise request.error
+        return request.result
 
     def idle(self) -> bool:
         """Whether everything released has been averaged (then nothing else can be in flight)."""
@@ -423,7 +466,7 @@ class _CommThread:
 
     def _serve(self) -> None:
         staged: dict[int, HostEvent] = {}  # by id(bucket): its copy to the host started
-        released: deque[tuple[Bucket, str]] = deque()
+        released: deque[tuple[Bucket | _Call, str]] = deque()
         while True:
             arrived = [] if released else [self.inbox.get()]
             while True:  # start the copy of everything that is ready, so copies overlap reductions
@@ -432,7 +475,11 @@ class _CommThread:
                 except queue.Empty:
                     break
             by_caller = self.device.copies_from_training_thread  # then the copies are the training thread's
-            for bucket, ready, release, compression in arrived:
+            for item in arrived:
+                if isinstance(item, _Call):  # in its turn: after what was released before it
+                    released.append((item, ""))
+                    continue
+                bucket, ready, release, compression = item
                 try:
                     staged[id(bucket)] = ready if by_caller else _stage(bucket, ready, self.device)
                 except BaseException as exc:  # its release finds nothing staged and ends there
@@ -440,7 +487,13 @@ class _CommThread:
                 released.extend((b, compression) for b in release)
             if not released:
                 continue
-            bucket, compression = released.popleft()
+            work, compression = released.popleft()
+            if isinstance(work, _Call):
+                work.run()
+                if work.error is not None:  # the ranks' collectives are out of step from here on
+                    self._fail(work.error)
+                continue
+            bucket = work
             try:
                 _average(bucket, staged.pop(id(bucket)), self.device, compression, copy_back=not by_caller)
             except BaseException as exc:  # surfaces in the training thread at the end of backward
@@ -481,7 +534,7 @@ def _average(bucket: Bucket, copied: HostEvent, device: Device, compression: str
 _is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
-def _eagerly(fn: Callable[[], None]) -> Callable[[], None]:
+def eagerly(fn: Callable[..., T]) -> Callable[..., T]:
     """``fn``, left out of the graph where torch.compile traces the caller
     (``torch.compile(DataParallel(net))``, as DDP's users write it). DataParallel's bookkeeping
     is Python with side effects: traced, it printed Dynamo's warnings about builtins it cannot
@@ -490,19 +543,19 @@ def _eagerly(fn: Callable[[], None]) -> Callable[[], None]:
     return torch.compiler.disable(fn) if _is_compiling() else fn
 
 
-def _warn_of_unsynced_batch_norm(module: nn.Module) -> None:
+def _share_batch_statistics(module: nn.Module) -> None:
     """torch's SyncBatchNorm shares batch statistics through torch.distributed's process group,
     and where there is none it runs as a plain BatchNorm, silently: a DDP script converted with
-    ``convert_sync_batchnorm`` trains here with each rank's statistics alone."""
+    ``convert_sync_batchnorm`` would train with each rank's statistics alone. Its modules become
+    macfleet's SyncBatchNorm (the same objects, parameters and buffers), which shares them over
+    macfleet's ranks. A script with a process group of its own keeps torch's."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return  # the script has a process group of its own: SyncBatchNorm uses it
-    names = [name for name, m in module.named_modules() if isinstance(m, nn.SyncBatchNorm)]
-    if names:
-        more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
-        warnings.warn(f"module {names[0]!r}{more} is an nn.SyncBatchNorm, which shares batch statistics through "
-                      f"torch.distributed's process group; under macfleet there is none, so it normalizes each "
-                      f"rank's batch alone, as nn.BatchNorm does (DataParallel broadcasts rank 0's running "
-                      f"statistics at each training forward)", stacklevel=3)
+        return
+    from macfleet.sync_batch_norm import SyncBatchNorm  # imported here: it builds on in_turn above
+
+    for m in module.modules():
+        if type(m) is nn.SyncBatchNorm:
+            m.__class__ = SyncBatchNorm
 
 
 def _share_scale(shares: Sequence[float] | None, rank: int, world: int) -> float:

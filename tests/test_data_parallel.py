@@ -15,6 +15,7 @@ from conftest import BIN, Job, run_launch
 sys.path.insert(0, str(BIN))
 import dp_cases  # noqa: E402
 import oracle  # noqa: E402
+import sync_bn  # noqa: E402
 
 # Compressed modes round every partial sum to 16 bits on the wire; after six SGD steps the
 # parameters stay within these absolute tolerances of the float32 oracle.
@@ -36,7 +37,7 @@ def reference(case: str) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("case", ["buckets", "single", "order", "no_sync", "unused-allowed", "fp16", "bf16",
                                   "zero-in-place", "two-models", "two-models-one-bucket", "sparse", "shares",
-                                  "fine-tune", "rewrap", "compiled"])
+                                  "fine-tune", "rewrap", "compiled", "sync-bn"])
 def test_data_parallel_matches_the_whole_batch(tmp_path, case: str) -> None:
     out = tmp_path / "params.pt"
     # compression casts what crosses the network; ranks of one host share float32 memory.
@@ -127,18 +128,26 @@ def test_a_forward_without_autograd_on_rank_0_alone_needs_no_other_rank(tmp_path
     assert job.code == 0, job.output
 
 
-def test_a_sync_batch_norm_that_cannot_sync_is_pointed_out_once(tmp_path) -> None:
-    """torch's SyncBatchNorm runs as a plain BatchNorm without torch.distributed's process
-    group, silently: a DDP script converted with convert_sync_batchnorm lost its statistics' sync."""
-    script = tmp_path / "sbn.py"
-    script.write_text("import torch, macfleet\nfrom torch import nn\nmacfleet.init()\n"
-                      "net = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4)))\n"
-                      "model = macfleet.DataParallel(net)\nmodel(torch.randn(2, 1, 8, 8)).sum().backward()\n")
-    job = run_launch("--nproc", "2", str(script), timeout=60)
+def test_sync_batch_norm_normalizes_with_the_whole_global_batch(tmp_path) -> None:
+    """A DDP script converted with ``nn.SyncBatchNorm.convert_sync_batchnorm``: torch's runs as a
+    plain BatchNorm without a torch.distributed process group, so each rank normalized its own
+    batch alone (only a warning said so). Ranks of 1, 2 and 3 images of different statistics
+    must get what one BatchNorm2d gets on all 6: running statistics, the input's gradient of
+    the sum of every rank's loss, and (averaged by DataParallel) the parameters' gradients."""
+    job = run_launch("--nproc", "3", str(BIN / "sync_bn.py"), str(tmp_path), timeout=60)
     assert job.code == 0, job.output
-    said = [line for line in job.stderr.splitlines() if "is an nn.SyncBatchNorm" in line]
-    assert len(said) == 1 and said[0].startswith("[rank 0]") and "module '1' is an nn.SyncBatchNorm" in said[0], job.stderr
-    assert "sbn.py:5" in said[0]  # the script's line that wrapped it
+    norm = sync_bn.make_norm()
+    batches = [sync_bn.batch(r) for r in range(3)]
+    x = torch.cat([b[0] for b in batches]).requires_grad_(True)
+    (norm(x) * torch.cat([b[1] for b in batches])).sum().backward()
+    want_x = x.grad.split([1, 2, 3])
+    for rank in range(3):
+        got = torch.load(tmp_path / f"{rank}.pt")
+        assert torch.allclose(got["x.grad"], want_x[rank], atol=1e-5, rtol=0), rank
+        assert torch.allclose(got["weight.grad"], norm.weight.grad / 3, atol=1e-5, rtol=0), rank
+        assert torch.allclose(got["bias.grad"], norm.bias.grad / 3, atol=1e-5, rtol=0), rank
+        assert torch.allclose(got["running_mean"], norm.running_mean, atol=1e-6, rtol=0), rank
+        assert torch.allclose(got["running_var"], norm.running_var, atol=1e-5, rtol=0), rank
 
 
 def test_training_on_after_an_exception_in_backward_is_refused() -> None:

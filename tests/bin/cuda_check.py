@@ -2,7 +2,7 @@
 
 Checks on every rank, printing one line of JSON: collectives on CUDA tensors (exact), the
 DataParallel oracle on CUDA against a CPU run of the whole batch (one model, two in one
-backward, a model fine-tuned with layers unfrozen and a new head after wrapping, and
+backward, SyncBatchNorm, a model fine-tuned with layers unfrozen and a new head after wrapping, and
 ``torch.compile`` of the wrapper with inductor), memory reports and the cache given back, the
 memory fraction, and ``PolledEvent`` (how MPS events are waited for) on a real device event.
 The oracle also runs with every device copy issued from the thread that runs backward, as on
@@ -110,6 +110,23 @@ def two_models_max_diff() -> float:
 
 out["oracle_max_diff_two_models"] = two_models_max_diff()
 gc.collect()
+# SyncBatchNorm (converted as for DDP) against plain BatchNorms on the whole batch, running
+# statistics included: its statistics cross to the host and back on the thread that runs
+# forward and backward, and its backward's collectives run in turn with the buckets
+sync_bn_ref = dp_cases.make("sync-bn")
+train(sync_bn_ref, sync_bn_ref, x, y)
+
+
+def sync_bn_max_diff() -> float:
+    net = nn.SyncBatchNorm.convert_sync_batchnorm(dp_cases.make("sync-bn")).to(dev)
+    model = macfleet.DataParallel(net, **tiny)
+    train(net, model, xs, ys)
+    want = sync_bn_ref.state_dict()
+    return max((v.detach().cpu().double() - want[k].double()).abs().max().item() for k, v in net.state_dict().items())
+
+
+out["oracle_max_diff_sync_batch_norm"] = sync_bn_max_diff()
+gc.collect()
 # MPS's way (Device.copies_from_training_thread): every copy to and from the host buffers
 # issued by the thread that runs backward, none by the bucket thread; many buckets, then two
 # models sharing the bucket thread
@@ -120,6 +137,7 @@ train(model, model, xs, ys)
 out["oracle_max_diff_copies_from_training_thread"] = max_diff(model.module, ref)
 del model
 out["oracle_max_diff_two_models_copies_from_training_thread"] = two_models_max_diff()
+out["oracle_max_diff_sync_batch_norm_copies_from_training_thread"] = sync_bn_max_diff()
 device_impl.copies_from_training_thread = False
 gc.collect()
 # fine-tuning: a layer unfrozen, another frozen and a new head given after wrapping; the

@@ -22,7 +22,10 @@ the model a new head, initialized differently on each rank, with the same DataPa
 ``rewrap`` (the same, but the script wraps the model again afterwards, as DDP asks),
 ``fine-tune-differs`` (only rank 1 makes the change), ``compiled`` (``torch.compile`` of the
 DataParallel, as DDP's users write it, compiled once for every step although the script makes a
-new loss module at each; Dynamo and AOTAutograd, no C compiler).
+new loss module at each; Dynamo and AOTAutograd, no C compiler), ``sync-bn`` (two BatchNorms,
+converted with ``nn.SyncBatchNorm.convert_sync_batchnorm`` as for DDP: against the oracle's
+plain BatchNorms on the whole batch, running statistics included; one bucket per module, so
+their backward collectives run while buckets are in flight).
 Rank 0 saves its parameters to OUT.
 """
 
@@ -64,6 +67,17 @@ class WithUnused(nn.Module):
         super().__init__()
         self.net = oracle.make_model()
         self.spare = nn.Linear(3, 3)  # never used in forward
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class TwoNorms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.net = nn.Sequential(nn.Linear(10, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 32),
+                                 nn.BatchNorm1d(32, momentum=None), nn.Tanh(), nn.Linear(32, 3))
 
     def forward(self, x):
         return self.net(x)
@@ -142,6 +156,8 @@ def make(case):
         return WithUnused()
     if case in ("buffers", "validate-alone"):
         return WithNorm()
+    if case == "sync-bn":  # plain BatchNorms: the oracle's; the ranks convert them
+        return TwoNorms()
     if case == "sparse":
         return SparseEmbedding()
     if case == "lazy":
@@ -195,6 +211,8 @@ def main():
     macfleet.init()
     rank, world = macfleet.rank(), macfleet.world_size()
     module = make(case)
+    if case == "sync-bn":
+        module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
     if case == "order":
         module.first = "a" if rank % 2 == 0 else "b"
     single = case.endswith("single")

@@ -1,0 +1,124 @@
+"""``nn.SyncBatchNorm`` over macfleet's ranks: batch statistics of the whole global batch.
+
+torch's SyncBatchNorm shares statistics through a torch.distributed process group; a script
+converted for DDP (``nn.SyncBatchNorm.convert_sync_batchnorm(model)``) has none under macfleet.
+``DataParallel`` turns each of the wrapped model's ``nn.SyncBatchNorm`` modules into this
+subclass in place (same object, parameters and buffers; only the class changes), so the
+script needs no edit. The arithmetic is torch's:
+
+- forward: each rank's count, mean and sum of squared deviations per channel, gathered from
+  every rank and combined (Chan's formula: no cancellation, unlike sums of squares); the
+  running statistics are updated with the global mean and unbiased variance;
+- backward: the per-channel sums of ``dy`` and ``dy * (x - mean)`` are summed over all ranks
+  for the input's gradient; the weight's and bias's stay local, and DataParallel averages them
+  with the other gradients.
+
+So N ranks train as one process would on the whole batch with ``nn.BatchNorm``. Both
+collectives are small (2C+1 numbers a rank) and go through the host, as everything of
+macfleet's does; in backward they run in turn with the gradient buckets (``in_turn``).
+A forward without autograd, or in eval mode, involves no other rank (as DataParallel's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from macfleet import runtime as rt
+from macfleet.parallel import eagerly, in_turn
+
+
+class SyncBatchNorm(nn.SyncBatchNorm):
+    """``nn.SyncBatchNorm`` whose statistics are shared over macfleet's ranks."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not (self.training and torch.is_grad_enabled()) or rt.world_size() == 1:
+            return super().forward(input)  # eval, or autograd off, or alone: torch's own BatchNorm
+        return eagerly(self._synced)(input)  # collectives: torch.compile leaves this out of its graph
+
+    def _synced(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        self._check_non_zero_input_channels(input)
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.track_running_stats:
+            assert self.num_batches_tracked is not None
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # a cumulative average, as torch's
+                momentum = 1.0 / float(self.num_batches_tracked)
+        out, mean, var, count = _SyncBatchNormFunction.apply(input, self.weight, self.bias, self.eps)
+        if self.track_running_stats:
+            assert self.running_mean is not None and self.running_var is not None
+            with torch.no_grad():
+                unbiased = var * (count / max(count - 1, 1))
+                self.running_mean.lerp_(mean.to(self.running_mean.dtype), momentum)
+                self.running_var.lerp_(unbiased.to(self.running_var.dtype), momentum)
+        return out
+
+
+def _on_host(packed: torch.Tensor, collective: str) -> torch.Tensor:
+    """``packed`` (float32, on the device) gathered or summed over all ranks, back on the device.
+    The copy to the host is made here, on the thread that runs forward or backward: the bucket
+    thread must not issue device work (Metal forbids two threads' at once)."""
+    host = packed.cpu()
+
+    def run() -> torch.Tensor:
+        with rt.on_behalf_of("SyncBatchNorm"):
+            if collective == "gather":
+                return rt.all_gather(host, name="batch statistics")
+            rt.all_reduce(host, "sum", name="batch statistics' gradient")
+            return host
+
+    return in_turn(run).to(packed.device)
+
+
+class _SyncBatchNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        channels = x.shape[1]
+        dims = [0, *range(2, x.dim())]
+        shape = [1, channels] + [1] * (x.dim() - 2)
+        x32 = x.float()
+        count = x.numel() // channels
+        mean = x32.mean(dims) if count else x32.new_zeros(channels)
+        m2 = (x32 - mean.view(shape)).square().sum(dims)
+        stats = _on_host(torch.cat([mean.new_tensor([count]), mean, m2]), "gather")  # [world, 2C+1]
+        counts, means, m2s = stats[:, :1], stats[:, 1:channels + 1], stats[:, channels + 1:]
+        total = float(counts.sum())
+        if total == 0:
+            raise ValueError("SyncBatchNorm: every rank's batch is empty")
+        global_mean = (counts * means).sum(0) / total
+        var = (m2s + counts * (means - global_mean).square()).sum(0) / total  # biased, for normalizing
+        invstd = torch.rsqrt(var + eps)
+        xhat = (x32 - global_mean.view(shape)) * invstd.view(shape)
+        out = xhat
+        if weight is not None:
+            out = out * weight.float().view(shape)
+        if bias is not None:
+            out = out + bias.float().view(shape)
+        ctx.save_for_backward(xhat, invstd, weight)
+        ctx.total, ctx.shape, ctx.dims, ctx.has_bias = total, shape, dims, bias is not None
+        ctx.mark_non_differentiable(global_mean, var)
+        return out.to(x.dtype), global_mean, var, total
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor, *_: Any) -> tuple[torch.Tensor | None, ...]:
+        xhat, invstd, weight = ctx.saved_tensors
+        shape, dims = ctx.shape, ctx.dims
+        dy32 = dy.float()
+        sum_dy = dy32.sum(dims)
+        sum_dy_xhat = (dy32 * xhat).sum(dims)
+        grad_weight = sum_dy_xhat.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+        grad_bias = sum_dy.to(weight.dtype if weight is not None else dy.dtype) \
+            if ctx.has_bias and ctx.needs_input_grad[2] else None
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            sums = _on_host(torch.cat([sum_dy, sum_dy_xhat]), "sum")  # over the whole global batch
+            channels = sum_dy.numel()
+            mean_dy = (sums[:channels] / ctx.total).view(shape)
+            mean_dy_xhat = (sums[channels:] / ctx.total).view(shape)
+            scale = invstd if weight is None else invstd * weight.float()
+            grad_x = ((dy32 - mean_dy - xhat * mean_dy_xhat) * scale.view(shape)).to(dy.dtype)
+        return grad_x, grad_weight, grad_bias, None
