@@ -384,17 +384,8 @@ class _Call:
     """A collective for the bucket thread to run in its turn (``in_turn``)."""
 
     fn: Callable[[], Any]
-    done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
-    error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except BaseException as exc:  # raised again in the thread that waits for it
-            self.error = exc
-        finally:
-            self.done.set()
+    done: bool = False  # set under _CommThread.done, as a bucket's
 
 
 class _CommThread:
@@ -438,11 +429,7 @@ class _CommThread:
         """``fn``'s result, run on this thread after everything released before it."""
         request = _Call(fn)
         self.inbox.put(request)
-        while not request.done.wait(0.1):
-            if self.error is not None:  # a failed exchange before it: the ranks are out of step
-                raise self.error
-        if request.error is not None:
-            raise request.error
+        self.wait([request])  # its error, or a failed exchange before it, is raised here
         return request.result
 
     def idle(self) -> bool:
@@ -450,7 +437,7 @@ class _CommThread:
         with self.done:
             return self.finished == self.released
 
-    def wait(self, buckets: list[Bucket]) -> None:
+    def wait(self, buckets: Sequence[Bucket | _Call]) -> None:
         """Until every one of ``buckets`` is averaged (collectives have deadlines and turn an
         abort into an error, which arrives here)."""
         with self.done:
@@ -488,19 +475,16 @@ class _CommThread:
             if not released:
                 continue
             work, compression = released.popleft()
-            if isinstance(work, _Call):
-                work.run()
-                if work.error is not None:  # the ranks' collectives are out of step from here on
-                    self._fail(work.error)
-                continue
-            bucket = work
             try:
-                _average(bucket, staged.pop(id(bucket)), self.device, compression, copy_back=not by_caller)
-            except BaseException as exc:  # surfaces in the training thread at the end of backward
+                if isinstance(work, _Call):
+                    work.result = work.fn()
+                else:
+                    _average(work, staged.pop(id(work)), self.device, compression, copy_back=not by_caller)
+            except BaseException as exc:  # surfaces in the training thread that waits for it
                 self._fail(exc)
             with self.done:
-                bucket.done = True
-                self.finished += 1
+                work.done = True
+                self.finished += isinstance(work, Bucket)  # finished counts buckets, as released does
                 self.done.notify_all()
 
     def _fail(self, error: BaseException) -> None:

@@ -99,7 +99,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         if bias is not None:
             out = out + bias.float().view(shape)
         ctx.save_for_backward(xhat, invstd, weight)
-        ctx.total, ctx.shape, ctx.dims, ctx.has_bias = total, shape, dims, bias is not None
+        ctx.total, ctx.shape, ctx.dims = total, shape, dims
         ctx.mark_non_differentiable(global_mean, var)
         return out.to(x.dtype), global_mean, var, total
 
@@ -110,9 +110,9 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         dy32 = dy.float()
         sum_dy = dy32.sum(dims)
         sum_dy_xhat = (dy32 * xhat).sum(dims)
-        grad_weight = sum_dy_xhat.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
-        grad_bias = sum_dy.to(weight.dtype if weight is not None else dy.dtype) \
-            if ctx.has_bias and ctx.needs_input_grad[2] else None
+        # a None weight or bias needs no gradient; with one, BatchNorm has both, of one dtype
+        grad_weight = sum_dy_xhat.to(weight.dtype) if ctx.needs_input_grad[1] else None
+        grad_bias = sum_dy.to(weight.dtype) if ctx.needs_input_grad[2] else None
         grad_x = None
         if ctx.needs_input_grad[0]:
             sums = _on_host(torch.cat([sum_dy, sum_dy_xhat]), "sum")  # over the whole global batch
