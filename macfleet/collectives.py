@@ -2,8 +2,9 @@
 
 A contiguous host tensor in its working dtype is reduced in its own memory; anything else goes
 through reusable host buffers (a device tensor's memory is not host memory, and half precision is
-reduced in float32 on the host). Ranks of one host reduce through shared memory
-(``macfleet.shm``) and, across hosts, on a ring of the hosts' first ranks. The all-reduce is the classic ring:
+reduced in float32 on the host). Ranks of one host reduce and broadcast through shared memory
+(``macfleet.shm``) and, across hosts, on a ring of the hosts' first ranks; a job on one host
+gathers through it too. The all-reduce is the classic ring:
 reduce-scatter then all-gather over N segments, each segment cut into chunks so that the
 reduction of one chunk overlaps the transfer of the next, and large tensors are split into
 parts that run concurrently on separate channels (both ring directions, and ``streams``
@@ -178,18 +179,12 @@ class Collectives:
             work, raw = self._host.get("broadcast", tensor.numel(), tensor.dtype)
             if self.rank == src:
                 work.copy_(data.reshape(-1))
-            ch = self.ring.channels[0]  # clockwise: position == rank
-            ch.begin(op_id)
             meta = {"c": "broadcast", "numel": tensor.numel(), "dtype": str(tensor.dtype), "root": src,
                     "by": self._by}
-            last = (src - 1) % self.world  # the rank that does not pass it on
-            for a, b in _chunks(0, tensor.numel(), self._chunk_elems(work)):
-                piece = raw[a * work.element_size(): b * work.element_size()]
-                if self.rank != src:
-                    ch.recv_header(len(piece), meta)
-                    ch.recv_into(piece)
-                if self.rank != last:
-                    ch.send(piece, meta)
+            if self.shared_memory:
+                self._broadcast_hierarchical(op_id, work, raw, src, meta)
+            else:
+                self._broadcast_on(self.ring, op_id, work, raw, src, meta)  # on the ring of all, position == rank
             if self.rank != src:
                 data.copy_(work.view(data.shape))
         return tensor
@@ -207,8 +202,11 @@ class Collectives:
             blocks, raw = self._host.get("gather", self.world * tensor.numel(), tensor.dtype)
             blocks = blocks.view(self.world, -1)
             blocks[self.rank].copy_(_outside_autograd(tensor).reshape(-1))
-            meta = {"c": "all_gather", "numel": tensor.numel(), "dtype": str(tensor.dtype), "by": self._by}
-            self._gather_ring(self.ring, op_id, blocks, raw, meta)
+            if self.shared_memory and self.local is not None and self.local.size == self.world:
+                self.local.all_gather(blocks[self.rank], blocks)  # one Mac: no socket involved
+            else:  # across hosts, hosts of different sizes would need uneven blocks: the ring of all
+                meta = {"c": "all_gather", "numel": tensor.numel(), "dtype": str(tensor.dtype), "by": self._by}
+                self._gather_ring(self.ring, op_id, blocks, raw, meta)
             out.copy_(blocks.view(out.shape))
         return out
 
@@ -249,9 +247,40 @@ class Collectives:
             self._reduce_on(self.leaders, op_id, work, raw, reducer, meta, wire)
             steps.append("hosts " + self.last_algorithm)
         if self.local is not None and self.local.size < self.world:
-            self.local.broadcast_from_leader(work)
+            self.local.broadcast(work)
         self.last_algorithm = " + ".join(steps)
         return divide_by != 1
+
+    def _broadcast_hierarchical(self, op_id: int, work: torch.Tensor, raw: memoryview, src: int,
+                                meta: dict) -> None:
+        """From ``src`` to its host's ranks through shared memory, from that host's leader to the
+        other leaders on their ring, and from each of those to its host's ranks. A host's ranks
+        are consecutive and its leader is the first, so the ranks tell hosts apart."""
+        local = self.local
+        first, size = (self.rank - local.index, local.size) if local is not None else (self.rank, 1)
+        here = first <= src < first + size
+        if here and local is not None:
+            local.broadcast(work, src - first)
+        if self.leaders is not None:
+            root = max(m for m in self.leaders.members if m <= src)  # the leader of src's host
+            self._broadcast_on(self.leaders, op_id, work, raw, self.leaders.members.index(root), meta)
+        if not here and local is not None:
+            local.broadcast(work)
+
+    def _broadcast_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, root: int,
+                      meta: dict) -> None:
+        """The member at clockwise position ``root``'s ``work`` to every member, passed on
+        clockwise in chunks, so each hop forwards one chunk while the next comes in."""
+        ch = ring.channels[0]
+        ch.begin(op_id)
+        me, last = ch.position, (root - 1) % ring.world  # the last does not pass it on
+        for a, b in _chunks(0, work.numel(), self._chunk_elems(work)):
+            piece = raw[a * work.element_size(): b * work.element_size()]
+            if me != root:
+                ch.recv_header(len(piece), meta)
+                ch.recv_into(piece)
+            if me != last:
+                ch.send(piece, meta)
 
     def _reduce_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
                    meta: dict, wire: torch.dtype | None = None) -> None:

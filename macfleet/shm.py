@@ -5,7 +5,8 @@ that share a Mac reduce through one shared segment: each rank copies its tensor 
 slot, waits at a barrier, reduces its share of the elements across every slot into a result
 slot, and copies the result out (a tensor over 1 MiB keeps the rank's own share where it is:
 only that rank reads it). Every element is reduced by one rank, so all ranks get the same
-bits. Rounds of one slot are pipelined over two buffers.
+bits. Rounds of one slot are pipelined over two buffers. Broadcasts and all-gathers go
+through the slots too: one barrier a round, where a ring over sockets takes a hop per rank.
 
 The barrier is a row of counters at the head of the segment, one cache line per rank: a rank
 arrives by writing its barrier count and waits until every count has reached it. A socket
@@ -197,15 +198,21 @@ class LocalGroup:
         self._announced, self._unchecked = signature, True
 
     def _check_agreement(self) -> None:
-        """After the first barrier of a collective: every rank announced before arriving, and
-        none can announce again before this collective's last barrier, so the lines hold still."""
-        assert self._counters is not None
+        """After the first barrier of a collective every rank has announced it. A rank past the
+        barrier may announce its next collective already (a broadcast of one round has no other
+        barrier): a line that is not ours and that ``_published`` shows moving on or moved on is
+        that, and is skipped. The rank compared the lines before it moved on, and of any two
+        ranks the first to compare finds the other's line unchanged, so a mismatch is still
+        found by one of them."""
+        assert self._counters is not None and self._announced is not None
         counters, mine = self._counters, self._words
         for i in range(self.size):
             line = i * LINE
             if (counters[line + OP], counters[line + WHAT], counters[line + ELEMENTS]) != mine \
                     and counters[line + VERSION]:
-                self._disagree(i, waiting=False)
+                theirs = self._published(i)
+                if theirs is not None and theirs.op <= self._announced.op:
+                    self._disagree(i, waiting=False)
 
     def _check_late(self, late: list[int]) -> None:
         """A late rank that announced this collective differently, or a later one, is not
@@ -416,18 +423,35 @@ class LocalGroup:
             if outputs.shape[0] > 1:
                 outputs[:, start:stop].copy_(result.expand(outputs.shape[0], -1))
 
-    def broadcast_from_leader(self, data: torch.Tensor) -> None:
-        """The leader's ``data`` to every rank of this host (``data`` is overwritten on the others)."""
+    def broadcast(self, data: torch.Tensor, root: int = 0) -> None:
+        """Local rank ``root``'s ``data`` to every rank of this host (overwritten on the others),
+        in rounds of one slot: the root copies in, a barrier, the others copy out. Round t's
+        buffer is written again at round t+2, after the barrier that every rank reaches only
+        once it has copied round t out."""
         per_round = self.slot_bytes // data.element_size()
         for start in range(0, data.numel(), per_round):
             piece = data[start: start + per_round]
             buf = self._round % 2
             self._round += 1
-            if self.index == 0:
-                self.slot(buf, 0, data.dtype, piece.numel()).copy_(piece)
+            if self.index == root:
+                self.slot(buf, root, data.dtype, piece.numel()).copy_(piece)
             self.barrier()
-            if self.index != 0:
-                piece.copy_(self.slot(buf, 0, data.dtype, piece.numel()))
+            if self.index != root:
+                piece.copy_(self.slot(buf, root, data.dtype, piece.numel()))
+
+    def all_gather(self, block: torch.Tensor, out: torch.Tensor) -> None:
+        """``out[i]`` = local rank ``i``'s ``block`` (flat host tensors; ``out`` is ``[size,
+        block.numel()]`` and ``block`` may be this rank's row of it), in rounds of one slot:
+        every rank copies its piece into its slot, a barrier, every rank copies all slots out
+        (buffers reused as in ``broadcast``)."""
+        per_round = self.slot_bytes // block.element_size()
+        for start in range(0, block.numel(), per_round):
+            n = min(per_round, block.numel() - start)
+            buf = self._round % 2
+            self._round += 1
+            self.slot(buf, self.index, block.dtype, n).copy_(block[start: start + n])
+            self.barrier()
+            out[:, start: start + n].copy_(self.slots(buf, block.dtype)[:, :n])
 
     def close(self) -> None:
         self.raw = None

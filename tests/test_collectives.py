@@ -137,6 +137,25 @@ def test_hierarchical_all_reduce_across_hosts_is_exact(sshd, tmp_path, case_list
               hosts=["--hosts", "127.0.0.2:2,127.0.0.3:1,127.0.0.1:2", *sshd.launch_options()])
 
 
+@pytest.mark.parametrize("where", ["one host", "three hosts"])
+def test_broadcasts_from_every_rank_and_gathers_through_shared_memory(request, tmp_path, where: str) -> None:
+    """Broadcasts and all-gathers go through shared memory (a ring over sockets took a hop per
+    rank: SyncBatchNorm gathers in every forward, DataParallel broadcasts buffers). From every
+    source: across hosts a leader, a rank that is not one, and a host of one rank, in 8 KiB
+    slots so that 5000 floats take three rounds. Then 300 one-round collectives back to back:
+    a rank past their only barrier announces the next while others still check this one's
+    announcements, which read as ranks in different collectives before that was allowed for."""
+    cases = [{"kind": "broadcast", "dtype": dtype, "numel": numel, "seed": src, "op": "sum", "src": src}
+             for src in range(5) for dtype, numel in (("float32", 5000), ("int8", 3))]
+    cases += [{"kind": "all_gather", "dtype": "float64", "numel": 2500, "seed": 9, "op": "sum", "src": 0}]
+    cases += [{"kind": ("broadcast", "all_gather")[k % 2], "dtype": "float32", "numel": 1 + k % 7, "seed": k,
+               "op": "sum", "src": k % 5} for k in range(300)]
+    hosts = None
+    if where == "three hosts":
+        hosts = ["--hosts", "127.0.0.2:2,127.0.0.3:1,127.0.0.1:2", *request.getfixturevalue("sshd").launch_options()]
+    run_cases(tmp_path, 5, cases, {"MACFLEET_SHM_SLOT_BYTES": "8192"}, hosts=hosts)
+
+
 @pytest.mark.parametrize("zero_copy_bytes", ["1", str(1 << 30)], ids=["zero-copy", "copy"])
 def test_shared_tensors_between_hosts_on_every_channel(sshd, tmp_path, zero_copy_bytes: str) -> None:
     """4.8 MB of shared tensors between two hosts of two ranks (above the one pass of a pair): the

@@ -244,7 +244,7 @@ def test_ranks_waiting_for_a_late_one_to_join_say_so_and_where_it_is() -> None:
 
 
 @pytest.mark.parametrize("path", ["shared-memory", "sockets"])
-@pytest.mark.parametrize("mismatch", ["numel", "rop", "dtype", "kind", "save"])
+@pytest.mark.parametrize("mismatch", ["numel", "rop", "dtype", "kind", "save", "gather"])
 def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, mismatch: str) -> None:
     """One rank calls a collective that differs from the others' (on one host they used to
     reduce each other's bytes through shared memory, or wait at barriers that never met)."""
@@ -253,11 +253,12 @@ def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, misma
     assert job.code != 0 and "returned" not in job.stdout, job.output
     root = job.stderr[job.stderr.index("root cause"):]
     assert "ProtocolError" in root, root
-    named = {"numel": "9", "rop": "max", "dtype": "int32", "kind": "broadcast", "save": "from checkpoint.save"}[mismatch]
+    named = {"numel": "9", "rop": "max", "dtype": "int32", "kind": "all_gather", "save": "from checkpoint.save",
+             "gather": "9"}[mismatch]
     assert named in root.split("other ranks")[0], root
     # and where each went: the report lines up the ranks' last collectives with the lines that called them
     made = root[root.index("last collectives of each rank"):]
-    theirs, ours = behave_line(f'"{mismatch}": lambda'), behave_line("result = mismatch[mode]()")
+    theirs, ours = behave_line(f"\"{mismatch}\": lambda"), behave_line("agreed = {")
     assert re.search(rf"ranks 0-1:\n(    .*\n)*    #\d+ .*\[failed here\] at .*behave.py:{ours}: ", made), made
     assert re.search(rf"rank 2:\n(    .*\n)*    #\d+ .*\[failed here\] at .*behave.py:{theirs}: ", made), made
     assert job.seconds < 20

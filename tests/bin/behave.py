@@ -12,9 +12,11 @@ raise, as every rank leaves a background process holding its stdout and stderr, 
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
 (until stopped). ``env`` prints the environment contract as this rank sees it.
 In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
-others' by its size (``numel``), reduce op (``rop``), dtype (``dtype``) or kind (``kind``: a
-broadcast from rank 0, which is in the all-reduce, so that no rank can finish) or by being a
-``checkpoint.save`` (the torch DDP habit of saving from one rank only).
+others' by its size (``numel``), reduce op (``rop``), dtype (``dtype``) or kind (``kind``: an
+all-gather, which across hosts takes the ring of all ranks, while the all-reduce takes the
+hosts' leaders' ring, so that no rank sees a wrong message and none can finish) or by being a
+``checkpoint.save`` (the torch DDP habit of saving from one rank only); in ``gather`` every
+rank all-gathers, the others 8 numbers and these 9 (a collective of one barrier on each side).
 """
 
 import json
@@ -113,10 +115,12 @@ if mode == "after-shutdown":  # every rank leaves the job; one goes on with a co
 mismatch = {"numel": lambda: macfleet.all_reduce(torch.ones(9)),
             "rop": lambda: macfleet.all_reduce(torch.ones(8), op="max"),
             "dtype": lambda: macfleet.all_reduce(torch.ones(8, dtype=torch.int32)),
-            "kind": lambda: macfleet.broadcast(torch.ones(8), src=0),
-            "save": lambda: macfleet.checkpoint.save("/nonexistent/never-written.pt", torch.nn.Linear(2, 2))}
+            "kind": lambda: macfleet.all_gather(torch.ones(8)),
+            "save": lambda: macfleet.checkpoint.save("/nonexistent/never-written.pt", torch.nn.Linear(2, 2)),
+            "gather": lambda: macfleet.all_gather(torch.ones(9))}
+agreed = {"gather": lambda: macfleet.all_gather(torch.ones(8))}.get(mode, lambda: macfleet.all_reduce(torch.ones(8)))
 if mode in mismatch:
-    result = mismatch[mode]() if rank >= fail_rank else macfleet.all_reduce(torch.ones(8))
+    result = mismatch[mode]() if rank >= fail_rank else agreed()
     print(f"returned {result.tolist()}", flush=True)  # what the test must never see
 if mode == "hang":
     while True:
