@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from macfleet import runtime as rt
 from macfleet.parallel import eagerly, in_turn
@@ -35,7 +36,10 @@ class SyncBatchNorm(nn.SyncBatchNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not (self.training and torch.is_grad_enabled()) or rt.world_size() == 1:
-            return super().forward(input)  # eval, or autograd off, or alone: torch's own BatchNorm
+            # eval, or autograd off, or alone: a plain BatchNorm. Not nn.SyncBatchNorm's forward,
+            # which refuses a CPU or MPS tensor in training mode whenever a torch.distributed
+            # process group exists, even of one process.
+            return _BatchNorm.forward(self, input)
         return eagerly(self._synced)(input)  # collectives: torch.compile leaves this out of its graph
 
     def _synced(self, input: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,8 @@ against the oracle: one process training on the whole batch."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -148,6 +150,31 @@ def test_sync_batch_norm_normalizes_with_the_whole_global_batch(tmp_path) -> Non
         assert torch.allclose(got["bias.grad"], norm.bias.grad / 3, atol=1e-5, rtol=0), rank
         assert torch.allclose(got["running_mean"], norm.running_mean, atol=1e-6, rtol=0), rank
         assert torch.allclose(got["running_var"], norm.running_var, atol=1e-5, rtol=0), rank
+
+
+def test_sync_batch_norm_alone_is_a_plain_batch_norm_even_beside_a_process_group(tmp_path) -> None:
+    """A job of one, or a forward without autograd, shares nothing: macfleet's SyncBatchNorm
+    then normalizes as BatchNorm2d does. It used to fall back to torch's SyncBatchNorm forward,
+    which raised "expected input tensor to be on GPU" for a CPU (or MPS) tensor in training
+    mode whenever the script also had a torch.distributed process group (the benchmark found it)."""
+    script = f"""
+import torch, torch.distributed as dist, macfleet
+from torch import nn
+macfleet.init()
+dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+torch.manual_seed(0)
+x = torch.randn(4, 3, 5, 5) * 3 + 1
+ours, plain = macfleet.SyncBatchNorm(3), nn.BatchNorm2d(3)
+for grad in (True, False):
+    with torch.set_grad_enabled(grad):
+        assert torch.allclose(ours(x), plain(x), atol=1e-6)
+assert torch.allclose(ours.running_var, plain.running_var) and int(ours.num_batches_tracked) == 2
+dist.destroy_process_group()
+print("same")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("MACFLEET_")})
+    assert proc.returncode == 0 and proc.stdout.strip() == "same", proc.stderr
 
 
 def test_training_on_after_an_exception_in_backward_is_refused() -> None:
