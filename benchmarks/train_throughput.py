@@ -20,7 +20,10 @@ Models: ``cnn`` is the MNIST example's CNN (batch 64 per rank); ``large`` is an 
 25M parameters (100 MB of float32 gradients per step, batch 128 per rank), where
 communication matters, two thirds of them in one layer whose gradient is ready late in
 backward (little to overlap with); ``deep`` has the same 25M parameters in 12 layers of the
-same size, as a deep network spreads them (batch 128 per rank).
+same size, as a deep network spreads them (batch 128 per rank); ``bn`` is 8 convolutions with
+BatchNorm converted to SyncBatchNorm, as for DDP (batch 32 images of 32x32 per rank, every
+layer's statistics shared in forward and backward; DDP only on a GPU, where torch's runs). Its
+bare model keeps plain BatchNorm: "of bare" includes what sharing the statistics costs.
 
 Each job also times the bare model in the same processes with no gradient exchange at all
 (``local``): how fast N ranks can train on this machine if communication were free, the
@@ -50,7 +53,7 @@ from pathlib import Path
 from statistics import median_high  # sorted(xs)[len(xs) // 2], as before
 from typing import Any, Callable
 
-MODELS = {"cnn": 64, "large": 128, "deep": 128}  # name -> per-rank batch
+MODELS = {"cnn": 64, "large": 128, "deep": 128, "bn": 32}  # name -> per-rank batch
 
 
 def build(name: str):
@@ -67,11 +70,30 @@ def build(name: str):
                                                          nn.ReLU())]
         model = nn.Sequential(*blocks, nn.Linear(1024, 10))
         shape = (1024,)
+    elif name == "bn":
+        layers = [nn.Conv2d(3, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU()]
+        for _ in range(7):
+            layers += [nn.Conv2d(32, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU()]
+        model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+        shape = (3, 32, 32)
     else:
         model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
                               nn.Linear(4096, 1024), nn.ReLU(), nn.Linear(1024, 10))
         shape = (1024,)
     return model, shape
+
+
+def synced(model, cls):
+    """``model`` with its BatchNorms sharing batch statistics across ranks through ``cls``:
+    torch's (over the process group) for DDP, or macfleet's. DataParallel would turn torch's
+    into macfleet's itself, but leaves them alone where a process group exists, as here."""
+    import torch
+
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    for m in model.modules():
+        if type(m) is torch.nn.SyncBatchNorm:
+            m.__class__ = cls
+    return model
 
 
 @dataclass
@@ -138,13 +160,17 @@ def rank_main(args: argparse.Namespace) -> None:
         x = torch.randn(batch, *shape, generator=g).to(device)
         y = torch.randint(0, 10, (batch,), generator=g).to(device)
         params = sum(p.numel() for p in bare.parameters())
-        mf = macfleet.DataParallel(build(name)[0].to(device), compression=args.compression)
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            build(name)[0].to(device), device_ids=[device.index] if device.type == "cuda" else None)
+        mf = macfleet.DataParallel(synced(build(name)[0], macfleet.SyncBatchNorm).to(device),
+                                   compression=args.compression)
         contenders = [Contender("macfleet", mf, torch.optim.SGD(mf.parameters(), lr=0.01),
-                                lambda model=mf: model.last_wait_s),
-                      Contender(f"ddp-{args.ddp_backend}", ddp, torch.optim.SGD(ddp.parameters(), lr=0.01)),
-                      Contender("local", bare, torch.optim.SGD(bare.parameters(), lr=0.01))]
+                                lambda model=mf: model.last_wait_s)]
+        ddp = None
+        if name != "bn" or device.type == "cuda":  # torch's SyncBatchNorm needs a GPU
+            ddp = torch.nn.parallel.DistributedDataParallel(
+                synced(build(name)[0], torch.nn.SyncBatchNorm).to(device),
+                device_ids=[device.index] if device.type == "cuda" else None)
+            contenders.append(Contender(f"ddp-{args.ddp_backend}", ddp, torch.optim.SGD(ddp.parameters(), lr=0.01)))
+        contenders.append(Contender("local", bare, torch.optim.SGD(bare.parameters(), lr=0.01)))
         interleaved(contenders, x, y, args.steps, sync)
         for c in contenders:
             seconds, waited = c.medians()
@@ -205,7 +231,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nprocs", default="1,2,4")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps", "auto"])
-    parser.add_argument("--models", default="cnn,large,deep")
+    parser.add_argument("--models", default="cnn,large,deep", help="of cnn, large, deep, bn")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--ddp-backend", default="gloo", choices=["gloo", "nccl"])
     parser.add_argument("--threads-per-rank", type=int, default=0, help="CPU compute threads per rank (0: the "
