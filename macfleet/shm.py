@@ -168,7 +168,7 @@ class LocalGroup:
                 next_check = now + CHECK_S
                 self.liveness.check()
                 late = [i for i in range(self.size) if counters[i * stride + COUNT] < gen]
-                self._check_late(late)
+                self._check_late(late, gen)
                 if self.liveness.held:  # a rank is in a debugger: no deadline while it is
                     deadline = now + self.timeout_s
                 if now > deadline:
@@ -214,15 +214,21 @@ class LocalGroup:
                 if theirs is not None and theirs.op <= self._announced.op:
                     self._disagree(i, waiting=False)
 
-    def _check_late(self, late: list[int]) -> None:
+    def _check_late(self, late: list[int], gen: int) -> None:
         """A late rank that announced this collective differently, or a later one, is not
-        behind: it is somewhere this rank will never meet it."""
+        behind: it is somewhere this rank will never meet it. Unless it has arrived since
+        ``late`` was read: the last to arrive passes at once, and may announce its next
+        collective before we look (its counter is written before that announcement, and read
+        here after it, so a rank still short of ``gen`` is truly late)."""
         if self._announced is None:
             return
+        assert self._counters is not None
         for i in late:
             theirs = self._published(i)
-            if theirs is not None and (theirs.op > self._announced.op or
-                                       (theirs.op == self._announced.op and theirs != self._announced)):
+            _fence()  # the line, then the counter
+            if theirs is None or self._counters[i * LINE + COUNT] >= gen:
+                continue
+            if theirs.op > self._announced.op or (theirs.op == self._announced.op and theirs != self._announced):
                 self._disagree(i, waiting=True)
 
     def _published(self, i: int) -> Signature | None:
