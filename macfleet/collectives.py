@@ -257,7 +257,7 @@ class Collectives:
         other leaders on their ring, and from each of those to its host's ranks. A host's ranks
         are consecutive and its leader is the first, so the ranks tell hosts apart."""
         local = self.local
-        first, size = (self.rank - local.index, local.size) if local is not None else (self.rank, 1)
+        first, size = (local.base, local.size) if local is not None else (self.rank, 1)
         here = first <= src < first + size
         if here and local is not None:
             local.broadcast(work, src - first)
