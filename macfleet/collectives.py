@@ -3,8 +3,8 @@
 A contiguous host tensor in its working dtype is reduced in its own memory; anything else goes
 through reusable host buffers (a device tensor's memory is not host memory, and half precision is
 reduced in float32 on the host). Ranks of one host reduce and broadcast through shared memory
-(``macfleet.shm``) and, across hosts, on a ring of the hosts' first ranks; a job on one host
-gathers through it too. The all-reduce is the classic ring:
+(``macfleet.shm``) and, across hosts, on a ring of the hosts' first ranks; they gather the
+same way. The all-reduce is the classic ring:
 reduce-scatter then all-gather over N segments, each segment cut into chunks so that the
 reduction of one chunk overlaps the transfer of the next, and large tensors are split into
 parts that run concurrently on separate channels (both ring directions, and ``streams``
@@ -202,11 +202,12 @@ class Collectives:
             blocks, raw = self._host.get("gather", self.world * tensor.numel(), tensor.dtype)
             blocks = blocks.view(self.world, -1)
             blocks[self.rank].copy_(_outside_autograd(tensor).reshape(-1))
-            if self.shared_memory and self.local is not None and self.local.size == self.world:
-                self.local.all_gather(blocks[self.rank], blocks)  # one Mac: no socket involved
-            else:  # across hosts, hosts of different sizes would need uneven blocks: the ring of all
-                meta = {"c": "all_gather", "numel": tensor.numel(), "dtype": str(tensor.dtype), "by": self._by}
-                self._gather_ring(self.ring, op_id, blocks, raw, meta)
+            meta = {"c": "all_gather", "numel": tensor.numel(), "dtype": str(tensor.dtype), "by": self._by}
+            if self.shared_memory:
+                self._gather_hierarchical(op_id, blocks, raw, meta)
+            else:
+                self._gather_ring(self.ring, op_id, blocks.view(-1), raw, _even_spans(self.world, blocks.shape[1]),
+                                  meta)
             out.copy_(blocks.view(out.shape))
         return out
 
@@ -267,6 +268,21 @@ class Collectives:
         if not here and local is not None:
             local.broadcast(work)
 
+    def _gather_hierarchical(self, op_id: int, blocks: torch.Tensor, raw: memoryview, meta: dict) -> None:
+        """Gather this host's blocks through shared memory, pass each host's run of blocks round
+        the leaders' ring, then hand the whole result to the host's other ranks. A host's ranks
+        are consecutive and its leader is the first, so leader ``j``'s run reaches from its own
+        rank to the next leader's: runs differ in length where hosts differ in size."""
+        local, per = self.local, blocks.shape[1]
+        if local is not None:
+            local.all_gather(blocks[self.rank], blocks[local.base: local.base + local.size])
+        if self.leaders is not None:
+            bounds = [*self.leaders.members, self.world]
+            spans = [(a * per, b * per) for a, b in zip(bounds, bounds[1:])]
+            self._gather_ring(self.leaders, op_id, blocks.view(-1), raw, spans, meta)
+        if local is not None and local.size < self.world:
+            local.broadcast(blocks.view(-1))
+
     def _broadcast_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, root: int,
                       meta: dict) -> None:
         """The member at clockwise position ``root``'s ``work`` to every member, passed on
@@ -302,7 +318,7 @@ class Collectives:
         blocks, raw = self._host.get("small", n * numel, wire or work.dtype)  # blocks travel in the wire dtype
         blocks = blocks.view(n, numel)
         blocks[ring.channels[0].position].copy_(work)
-        self._gather_ring(ring, op_id, blocks, raw, meta)
+        self._gather_ring(ring, op_id, blocks.view(-1), raw, _even_spans(n, numel), meta)
         work.copy_(blocks[0])
         for k in range(1, n):  # ring order, so every rank computes the same bits
             reducer(work, blocks[k])
@@ -324,29 +340,31 @@ class Collectives:
             ch.recv_into(other_raw[a:b])
         reducer(work, other)
 
-    def _gather_ring(self, ring: Ring, op_id: int, blocks: torch.Tensor, raw: memoryview, meta: dict) -> None:
-        """Pass every member's block round the ring until all members have all blocks (block k
-        belongs to the member at clockwise ring position k; on the ring of all ranks, rank k).
+    def _gather_ring(self, ring: Ring, op_id: int, flat: torch.Tensor, raw: memoryview,
+                     spans: list[tuple[int, int]], meta: dict) -> None:
+        """Pass every member's block round the ring until all members have all blocks: block k,
+        elements ``spans[k]`` of ``flat`` (``raw`` its bytes), belongs to the member at
+        clockwise ring position k (on the ring of all ranks, rank k).
 
         Both directions at once: the blocks of the n // 2 members behind come clockwise, those
         of the (n - 1) // 2 ahead counter-clockwise, so the last block arrives after about n / 2
         hops instead of n - 1 (a hop costs about 100 us over loopback sockets: benchmarks/results)."""
-        n, size, per = ring.world, blocks.element_size(), blocks.shape[1]
+        n, size = ring.world, flat.element_size()
         cw, ccw = ring.channels[0], ring.channels[1]
         me = cw.position
         hops = [(cw, n // 2, -1), (ccw, (n - 1) // 2, +1)]  # (channel, blocks it brings, direction they come from)
-        step = self._chunk_elems(blocks)
+        step = self._chunk_elems(flat)
         for ch, count, _ in hops:
             if count:
                 ch.begin(op_id)
-                for a, b in _chunks(me * per, (me + 1) * per, step):
+                for a, b in _chunks(*spans[me], step):
                     ch.send(raw[a * size: b * size], meta)
         for s in range(n // 2):
             for ch, count, sign in hops:
                 if s >= count:
                     continue
                 k = (me + sign * (s + 1)) % n
-                for a, b in _chunks(k * per, (k + 1) * per, step):
+                for a, b in _chunks(*spans[k], step):
                     piece = raw[a * size: b * size]
                     ch.recv_header(len(piece), meta)
                     ch.recv_into(piece)
@@ -589,6 +607,11 @@ def _as_numbers(tensor: torch.Tensor, name: str, op: str = "sum") -> tuple[torch
     if tensor.is_conj():  # a lazily conjugated view has no real view of its own
         raise ConfigError(f"{name} is a conjugated view: give tensor.resolve_conj()")
     return torch.view_as_real(tensor), op
+
+
+def _even_spans(n: int, per: int) -> list[tuple[int, int]]:
+    """Element ranges of ``n`` blocks of ``per`` elements each, laid end to end."""
+    return [(k * per, (k + 1) * per) for k in range(n)]
 
 
 def _chunks(start: int, end: int, step: int) -> list[tuple[int, int]]:

@@ -315,22 +315,34 @@ def test_killing_the_launcher_leaves_no_process_on_any_host(sshd) -> None:
 
 
 def test_hosts_in_different_collectives_are_named_by_the_stall_report(sshd) -> None:
-    """Host 2's ranks all-gather on the ring of all ranks while host 1's rank all-reduces on the
-    ring of hosts' leaders: each side waits on sockets the other never writes, so no rank sees
-    a wrong message; the launcher, which knows where every rank waits, names the mismatch (on
-    one host, test_faults)."""
+    """Host 2's ranks took a shared tensor, a collective of their host alone, so their next
+    all-reduce is numbered one ahead of host 1's: the leaders drop each other's messages as
+    stale, so no rank sees a wrong message; the launcher, which knows where every rank waits,
+    names the mismatch (on one host, test_faults)."""
     job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:2", *sshd.launch_options(), "--stall-timeout", "2",
-                     BEHAVE, "1", "kind", timeout=60)
+                     BEHAVE, "1", "host-only", timeout=60)
     assert job.code != 0 and "returned" not in job.stdout, job.output
     root = job.stderr[job.stderr.index("root cause"):]
     assert "different collectives" in root, root
-    assert "rank 0 in all_reduce" in root and "rank 1 in all_gather" in root and "rank 2 in all_gather" in root, root
-    theirs, ours = behave_line('"kind": lambda'), behave_line("agreed = {")
-    assert re.search(rf"rank 0 in all_reduce \(op \d+, at \S*behave.py:{ours}\)", root), root
-    assert re.search(rf"rank 2 in all_gather \(op \d+, at \S*behave.py:{theirs}\)", root), root
+    theirs, ours = behave_line('"host-only": lambda'), behave_line("agreed = {")
+    op = int(re.search(rf"rank 0 in all_reduce \(op (\d+), at \S*behave.py:{ours}\)", root)[1])
+    for rank in (1, 2):
+        assert re.search(rf"rank {rank} in all_reduce \(op {op + 1}, at \S*behave.py:{theirs}\)", root), root
     made = root[root.index("last collectives of each rank"):]  # the ranks' own accounts, from their exits
-    assert re.search(rf"ranks 1-2:\n(    .*\n)*    #\d+ all_gather .*\[failed here\] at \S*behave.py:{theirs}: ", made), made
+    assert re.search(rf"ranks 1-2:\n(    .*\n)*    #{op} shared_tensor .*\n    #{op + 1} all_reduce .*\[failed here\] "
+                     rf"at \S*behave.py:{theirs}: ", made), made
     assert job.seconds < 30
+
+
+def test_hosts_in_different_collectives_fail_fast_on_the_hosts_ring(sshd) -> None:
+    """Host 2's ranks all-gather, host 1's rank all-reduces: both go on the ring of the hosts'
+    leaders, whose messages say which collective they belong to."""
+    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:2", *sshd.launch_options(), BEHAVE, "1", "kind", timeout=60)
+    assert job.code != 0 and "returned" not in job.stdout, job.output
+    root = job.stderr[job.stderr.index("root cause"):]
+    assert "ProtocolError" in root and "disagree on a collective's c" in root, root
+    assert "'all_gather'" in root and "'all_reduce'" in root, root
+    assert job.seconds < 20
 
 
 def test_doctor_prints_a_table_with_every_link(sshd) -> None:

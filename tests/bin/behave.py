@@ -13,10 +13,12 @@ elsewhere must turn into an error rather than a hang. With ``hang`` the others w
 (until stopped). ``env`` prints the environment contract as this rank sees it.
 In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
 others' by its size (``numel``), reduce op (``rop``), dtype (``dtype``) or kind (``kind``: an
-all-gather, which across hosts takes the ring of all ranks, while the all-reduce takes the
-hosts' leaders' ring, so that no rank sees a wrong message and none can finish) or by being a
-``checkpoint.save`` (the torch DDP habit of saving from one rank only); in ``gather`` every
-rank all-gathers, the others 8 numbers and these 9 (a collective of one barrier on each side).
+all-gather) or by being a ``checkpoint.save`` (the torch DDP habit of saving from one rank
+only); in ``gather`` every rank all-gathers, the others 8 numbers and these 9 (a collective of
+one barrier on each side). In ``host-only`` these ranks take a shared tensor first
+(``macfleet.host_tensor``, a collective of one host's ranks), then all-reduce as the others
+do: where they are a whole host, their collectives are numbered one ahead of the others', so
+the hosts' leaders take each other's messages for stale ones, and no rank can finish.
 """
 
 import json
@@ -117,7 +119,8 @@ mismatch = {"numel": lambda: macfleet.all_reduce(torch.ones(9)),
             "dtype": lambda: macfleet.all_reduce(torch.ones(8, dtype=torch.int32)),
             "kind": lambda: macfleet.all_gather(torch.ones(8)),
             "save": lambda: macfleet.checkpoint.save("/nonexistent/never-written.pt", torch.nn.Linear(2, 2)),
-            "gather": lambda: macfleet.all_gather(torch.ones(9))}
+            "gather": lambda: macfleet.all_gather(torch.ones(9)),
+            "host-only": lambda: macfleet.host_tensor(8, torch.float32) + macfleet.all_reduce(torch.ones(8))}
 agreed = {"gather": lambda: macfleet.all_gather(torch.ones(8))}.get(mode, lambda: macfleet.all_reduce(torch.ones(8)))
 if mode in mismatch:
     result = mismatch[mode]() if rank >= fail_rank else agreed()
