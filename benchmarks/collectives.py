@@ -1,7 +1,7 @@
 """Broadcast and all-gather: macfleet against torch.distributed (gloo), side by side.
 
     python benchmarks/collectives.py [--nprocs 2,4,8] [--sizes 256,4K,64K,1M,16M] [--budget 0.5]
-                                     [--json FILE]
+                                     [--json FILE] [--launch "--hosts mac1:2,mac2:2 ..."]
 
 DataParallel broadcasts the model's buffers at every training forward and SyncBatchNorm
 all-gathers each layer's statistics at every forward: small collectives whose latency adds to
@@ -10,6 +10,8 @@ gloo's broadcast (from the last rank, so no rank is both the source and the ring
 all-gather on the same processes and tensors, taking turns as ``macfleet bench allreduce`` does
 (``timed``), and checks every result of both against the exact one. Reported: the slowest
 rank's median time per call and the ratio. Set ``MACFLEET_SHM=0`` for macfleet over sockets only.
+``--launch`` runs one job with these ``macfleet launch`` options instead of one per N (across
+Macs: ``--hosts`` and the ssh options).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -65,9 +68,10 @@ def rank_main(args: argparse.Namespace) -> None:
 def orchestrate(args: argparse.Namespace) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for n in args.nprocs.split(","):
-            out = Path(tmp) / f"{n}.json"
-            subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "launch", "--nproc", n, "--device", "cpu",
+        layouts = [shlex.split(args.launch)] if args.launch else [["--nproc", n] for n in args.nprocs.split(",")]
+        for k, layout in enumerate(layouts):
+            out = Path(tmp) / f"{k}.json"
+            subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "launch", *layout, "--device", "cpu",
                             os.path.abspath(__file__), "--rank-mode", "--out", str(out), "--sizes", args.sizes,
                             "--budget", str(args.budget)], check=True)
             rows += json.loads(out.read_text())
@@ -87,6 +91,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="256,4K,64K,1M,16M")
     parser.add_argument("--budget", type=float, default=0.5, help="seconds of timing per size, collective and library")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--launch", default="", help="macfleet launch options for one job instead of --nprocs")
     parser.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
