@@ -262,8 +262,9 @@ class Coordinator:
             reason = (f"rank{'s' if len(suspects) > 1 else ''} {names} made no progress for over "
                       f"{self.stall_timeout_s:.0f} s{self._who_waits(waiting)}")
         elif len({(w.get("op"), w.get("id")) for w in waiting.values()}) > 1:
-            # e.g. one host's ranks in a broadcast, another's in an all-reduce on the hosts' ring:
-            # their messages go to sockets nobody reads, so no rank sees a wrong one
+            # e.g. one host's ranks made a collective of their own (host_tensor) and are one op
+            # ahead: the hosts' leaders drop each other's messages as stale, so no rank sees a
+            # wrong one
             where = "; ".join(f"rank {r} in {w.get('op')} (op {w.get('id')}{', at ' + w['at'] if w.get('at') else ''})"
                               for r, w in sorted(waiting.items()))
             reason = (f"the ranks are in different collectives ({where}): every rank must call the same "
