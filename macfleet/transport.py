@@ -29,6 +29,13 @@ HEADER_SLACK = 64 * 1024
 CONNECT_TIMEOUT_S = 30.0  # MACFLEET_CONNECT_TIMEOUT
 
 
+def _described(fields: dict[str, Any]) -> str:
+    """A collective as its messages name it: "all_reduce of 8 float32, from DataParallel"."""
+    dtype = str(fields.get("dtype", "")).removeprefix("torch.")
+    what = f"{fields.get('c', '?')} of {fields['numel']} {dtype}".rstrip() if "numel" in fields else str(fields.get("c", "?"))
+    return f"{what}, from {fields['by']}" if fields.get("by") else what
+
+
 class Liveness:
     """The job's health as this process knows it; set by the control thread, read by every wait."""
 
@@ -187,6 +194,18 @@ class Channel:
         if len(frames) != 2 or not self.pull.getsockopt(zmq.RCVMORE):
             raise wire.BadMessage("wrong frame count")
         fields = wire.unpack(self.secret, frames[0].buffer, frames[1].buffer)
+        ahead = fields.get("op")
+        if (fields.get("job"), fields.get("src")) == (self.job_id, self.prev_rank) and isinstance(ahead, int) \
+                and ahead > self._op:
+            # Authentic, and sent after everything the sender had for us in our op: it has made
+            # a collective that we have not. Stale messages (a replay) are dropped below; this
+            # one would be dropped too, and both ranks would wait for each other until the stall
+            # report.
+            raise ProtocolError(
+                f"rank {self.prev_rank} is in collective #{ahead} ({_described(fields)}) while rank {self.rank} "
+                f"waits for its data in #{self._op} ({_described(meta or {})}): rank {self.prev_rank} has made "
+                f"more collectives than rank {self.rank} (every rank must call the same collectives, in the same "
+                f"order)")
         if (fields.get("job"), fields.get("src"), fields.get("op"), fields.get("seq")) != (
             self.job_id, self.prev_rank, self._op, self._seq_in
         ):

@@ -587,6 +587,41 @@ def test_the_root_cause_is_the_first_failure_to_arrive_whatever_the_hosts_clocks
         ctx.destroy(linger=0)
 
 
+def test_ranks_waiting_in_different_collectives_with_nothing_arriving_are_named_by_the_stall_report() -> None:
+    """The backstop behind the messages' own checks (each names its collective and number, so
+    ranks in different collectives find out from the first one that reaches them): ranks that
+    wait in collectives of different numbers and hear nothing are named, with where each
+    waits, once a stall timeout has passed."""
+    import zmq
+
+    from macfleet.control import ControlClient
+    from macfleet.launcher.coordinator import Coordinator
+    from macfleet.protocol import BEAT, REGISTER
+
+    ctx = zmq.Context()
+    secret, logged = os.urandom(32), []
+    coord = Coordinator(ctx, ["127.0.0.1"], secret, "job", world_size=2, num_agents=1, stall_timeout_s=1.0,
+                        stall_action="warn", log=logged.append)
+    ranks = [ControlClient(ctx, coord.endpoints["127.0.0.1"], secret, "job", f"rank-{r}") for r in range(2)]
+    try:
+        for r, client in enumerate(ranks):
+            client.send(REGISTER, rank=r, endpoints={}, host=f"mac{r}", local_rank=0)
+        deadline = time.monotonic() + 10
+        while not any("stall:" in line for line in logged) and time.monotonic() < deadline:
+            for r, client in enumerate(ranks):  # in its collective for 2 s, and nothing arrived since
+                client.send(BEAT, progress=4, quiet_s=2.5,
+                            waiting={"op": "all_reduce", "id": 5 + r, "for_s": 2.0, "at": f"train.py:{10 + r}"})
+            coord.poll(0.2)
+        stall = next(line for line in logged if "stall:" in line)
+        assert "different collectives" in stall, logged
+        assert "rank 0 in all_reduce (op 5, at train.py:10); rank 1 in all_reduce (op 6, at train.py:11)" in stall
+    finally:
+        for client in ranks:
+            client.close()
+        coord.close()
+        ctx.destroy(linger=0)
+
+
 def test_an_exit_of_any_size_fits_one_control_message() -> None:
     """Tracebacks and tails of any size and script (multi-byte UTF-8 too) must pack into one
     header the coordinator takes, with the ends of each text kept."""
