@@ -262,9 +262,9 @@ class Coordinator:
             reason = (f"rank{'s' if len(suspects) > 1 else ''} {names} made no progress for over "
                       f"{self.stall_timeout_s:.0f} s{self._who_waits(waiting)}")
         elif len({(w.get("op"), w.get("id")) for w in waiting.values()}) > 1:
-            # e.g. one host's ranks made a collective of their own (host_tensor) and are one op
-            # ahead: the hosts' leaders drop each other's messages as stale, so no rank sees a
-            # wrong one
+            # A backstop: ranks in different collectives learn it from the first message that
+            # reaches them (each names its collective and number); this is for waits that no
+            # message reaches
             where = "; ".join(f"rank {r} in {w.get('op')} (op {w.get('id')}{', at ' + w['at'] if w.get('at') else ''})"
                               for r, w in sorted(waiting.items()))
             reason = (f"the ranks are in different collectives ({where}): every rank must call the same "
