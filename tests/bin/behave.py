@@ -17,8 +17,8 @@ all-gather) or by being a ``checkpoint.save`` (the torch DDP habit of saving fro
 only); in ``gather`` every rank all-gathers, the others 8 numbers and these 9 (a collective of
 one barrier on each side). In ``host-only`` these ranks take a shared tensor first
 (``macfleet.host_tensor``, a collective of one host's ranks), then all-reduce as the others
-do: where they are a whole host, their collectives are numbered one ahead of the others', so
-the hosts' leaders take each other's messages for stale ones, and no rank can finish.
+do: where they are a whole host, their all-reduce is numbered one ahead of the others', and
+its messages reach the other hosts as messages from a later collective.
 """
 
 import json
