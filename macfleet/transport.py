@@ -200,7 +200,9 @@ class Channel:
             # Authentic, and sent after everything the sender had for us in our op: it has made
             # a collective that we have not. Stale messages (a replay) are dropped below; this
             # one would be dropped too, and both ranks would wait for each other until the stall
-            # report.
+            # report. (Messages lost with a TCP connection that broke and came back would read
+            # the same; between two live processes that takes a peer kernel that forgot the
+            # connection, and the job would not have survived it before either.)
             raise ProtocolError(
                 f"rank {self.prev_rank} is in collective #{ahead} ({_described(fields)}) while rank {self.rank} "
                 f"waits for its data in #{self._op} ({_described(meta or {})}): rank {self.prev_rank} has made "
