@@ -89,6 +89,7 @@ class Coordinator:
         self.aborted: str | None = None
         self._abort_rank: int | None = None
         self.hosts: dict[int, str] = {}  # rank -> host name, from registrations
+        self.data_addrs: dict[int, str] = {}  # rank -> the address it trains over (sockets or none)
         self.local_ranks: dict[int, int] = {}
         self.devices: dict[int, str] = {}  # rank -> the device it trains on, from registrations
         self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
@@ -185,6 +186,7 @@ class Coordinator:
             self._first_joined = time.monotonic()
             self._next_join_note = self._first_joined + self.stall_timeout_s
         self.hosts[rank] = str(msg.get("host", "?"))
+        self.data_addrs[rank] = str(msg.get("data_addr") or "?")
         self.devices[rank] = str(msg.get("device", "?")) + (" (mps available)" if msg.get("mps_available") and
                                                               not str(msg.get("device")).startswith("mps") else "")
         local_rank = msg.get("local_rank", 0)
@@ -375,8 +377,7 @@ class Coordinator:
     def ring_table(self) -> str:
         lines = [f"ring of {self.world_size} ranks:", f"  {'rank':>4}  {'host':<24} {'data address':<16} device"]
         for rank in range(self.world_size):
-            endpoint = next(iter(self.registered.get(rank, {}).values()), None)
-            addr = netaddr.split_endpoint(endpoint)[0] if endpoint else "?"
+            addr = self.data_addrs.get(rank, "?")
             lines.append(f"  {rank:>4}  {self.hosts.get(rank, '?'):<24} {addr:<16} {self.devices.get(rank, '?')}")
         return "\n".join(lines)
 

@@ -33,7 +33,7 @@ from macfleet.backends import check_tensor
 from macfleet.errors import ConfigError
 from macfleet.history import History, call_site, where
 from macfleet.shm import LocalGroup, Signature, split_evenly
-from macfleet.transport import Channel, Ring
+from macfleet.transport import Channel, Liveness, Ring
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
 SUPPORTED = frozenset({
@@ -81,19 +81,22 @@ class HostBuffers:
 
 
 class Collectives:
-    def __init__(self, ring: Ring, chunk_bytes: int = 4 << 20, small_bytes: int = SMALL_BYTES,
+    def __init__(self, rank: int, world: int, liveness: Liveness, ring: Ring | None = None,
+                 chunk_bytes: int = 4 << 20, small_bytes: int = SMALL_BYTES,
                  min_part_bytes: int = 256 << 10, local: LocalGroup | None = None, leaders: Ring | None = None,
                  shared_memory: bool = False, all_streams: bool = True,
                  inline_bytes: int = hostops.INLINE_BYTES, zero_copy_bytes: int = ZERO_COPY_BYTES) -> None:
-        """``shared_memory``: all-reduce through ``local`` (this host's ranks) and, across hosts,
-        ``leaders`` (the ring of each host's first rank, given to those ranks only).
+        """``ring``: the ring of all ranks, for collectives without shared memory.
+        ``shared_memory``: every collective goes through ``local`` (this host's ranks) and,
+        across hosts, ``leaders`` (the ring of each host's first rank, given to those ranks only).
         ``inline_bytes``: collectives up to this size do their arithmetic on the calling thread
         alone (``macfleet.hostops``). ``zero_copy_bytes``: the ring sends pieces at least this
         large without copying them (``Ring.settle``)."""
-        self.ring = ring
+        self._ring = ring
         self.local, self.leaders, self.shared_memory = local, leaders, shared_memory
+        self.liveness = liveness
         self.all_streams = all_streams  # else only two-member rings use streams beyond the first
-        self.rank, self.world = ring.rank, ring.world
+        self.rank, self.world = rank, world
         self.chunk_bytes = chunk_bytes
         self.small_bytes = small_bytes
         self.min_part_bytes = min_part_bytes
@@ -113,7 +116,8 @@ class Collectives:
         self._lock = threading.Lock()  # collectives are issued one at a time, in the same order everywhere
         self._thread = threading.local()  # this thread's caller (on_behalf_of) and waiting state (waiting)
         self._by = ""  # the caller of the collective in progress, for its headers
-        extra = len(ring.channels) - 1
+        sockets = ring or leaders
+        extra = len(sockets.channels) - 1 if sockets is not None else 0
         self._pool = ThreadPoolExecutor(extra, thread_name_prefix="macfleet-ring") if extra else None
         self._host = HostBuffers()
 
@@ -545,11 +549,25 @@ class Collectives:
         """For the heartbeat: collectives done, the one in progress, and how long since data last
         reached this rank (``quiet_s``)."""
         current = self.current
-        status: dict = {"progress": self.ops_done, "quiet_s": time.monotonic() - self.ring.liveness.moved_at}
+        status: dict = {"progress": self.ops_done, "quiet_s": time.monotonic() - self.liveness.moved_at}
         if current is not None:
             status["waiting"] = {"op": current[0], "id": current[1], "for_s": time.monotonic() - current[2],
                                  "at": where(*current[3])}
         return status
+
+    @property
+    def ring(self) -> Ring:
+        """The ring of all ranks, which exists where shared memory does not carry the collectives."""
+        if self._ring is None:
+            raise RuntimeError("no ring of all ranks: with shared memory on, collectives go through "
+                               "LocalGroup and the leaders' ring")
+        return self._ring
+
+    @property
+    def rings(self) -> list[Ring]:
+        """This rank's rings: of all ranks, or of the hosts' leaders, or none (one host's ranks
+        sharing memory)."""
+        return [r for r in (self._ring, self.leaders) if r is not None]
 
     @property
     def last_op(self) -> int:

@@ -7,7 +7,8 @@ Flow of one job::
 
     agent  -> coordinator   hello    {host_index, facts, master_port}
     coord  -> agent         start    {master_addr, master_port}        (once every agent said hello)
-    worker -> coordinator   register {rank, endpoints, pid, host}
+    worker -> coordinator   register {rank, endpoints, pid, host,      (endpoints: its rings' sockets,
+                                      data_addr, local_rank, device}   none for a Mac's later ranks)
     coord  -> worker        peers    {table}                           (once every rank registered)
     worker/agent -> coord   beat     {progress, waiting, quiet_s,      (every HEARTBEAT_S; a worker's
                                       debugging}                       collective in progress, how long

@@ -112,12 +112,14 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     timeout_s = timeout_s or knobs.seconds("MACFLEET_TIMEOUT", DEFAULT_TIMEOUT_S)
     ring = local = leaders = None
     # Shared memory: this host's ranks reduce through one segment; across hosts only each host's
-    # first rank joins a ring (of "leaders"). MACFLEET_SHM=0 switches it off (pure ZeroMQ).
+    # first rank joins a ring (of "leaders"). Every collective then takes those two, so no ring
+    # of all ranks is made: its sockets, I/O threads and handshake would serve nothing.
+    # MACFLEET_SHM=0 switches it off (pure ZeroMQ: the ring of all ranks).
     shm_dir = os.environ.get("MACFLEET_SHM_DIR")
     shared_memory = env.world_size > 1 and bool(shm_dir) and knobs.switch("MACFLEET_SHM", True)
     multi_host = env.world_size > env.local_world_size
     try:
-        if env.world_size > 1:
+        if env.world_size > 1 and not shared_memory:
             ring = Ring(data_ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id, liveness,
                         timeout_s)
         if shared_memory and env.local_world_size > 1:
@@ -154,9 +156,9 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
         data_ctx.destroy(linger=0)
         raise
     collectives = None
-    if ring is not None:
+    if env.world_size > 1:
         collectives = Collectives(
-            ring,
+            env.rank, env.world_size, liveness, ring,
             chunk_bytes=min(MAX_FRAME_BYTES, knobs.nbytes("MACFLEET_CHUNK_BYTES", 4 << 20)),
             small_bytes=knobs.nbytes("MACFLEET_SMALL_BYTES", SMALL_BYTES),
             min_part_bytes=knobs.nbytes("MACFLEET_MIN_PART_BYTES", 256 << 10),
@@ -311,9 +313,8 @@ def _close_data_plane(rt: Runtime) -> None:
     healthy = control is not None and control.liveness.reason is None
     if collectives is not None:
         collectives.close()
-        for ring in (collectives.ring, collectives.leaders):
-            if ring is not None:
-                ring.close(flush=healthy)
+        for ring in collectives.rings:
+            ring.close(flush=healthy)
         if collectives.local is not None:
             collectives.local.close()
     if data_ctx is None:
@@ -346,7 +347,7 @@ class _ControlThread(threading.Thread):
     def register(self, endpoints: dict[str, str]) -> tuple[dict[int, dict[str, str]], dict[int, int]]:
         """Publish our endpoints; return every rank's endpoints and local rank, once all registered."""
         self.outbox.put((protocol.REGISTER, {"rank": self.env.rank, "endpoints": endpoints, "pid": os.getpid(),
-                                             "host": self.env.host, "local_rank": self.env.local_rank,
+                                             "host": self.env.host, "data_addr": self.env.data_addr, "local_rank": self.env.local_rank,
                                              "device": self.device, "mps_available": backends.mps_available()}))
         limit = knobs.seconds("MACFLEET_RENDEZVOUS_TIMEOUT", RENDEZVOUS_TIMEOUT_S)
         deadline = time.monotonic() + limit

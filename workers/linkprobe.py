@@ -23,7 +23,7 @@ def exchange(nbytes: int, frame: int, rounds: int) -> list[float]:
     """Time ``rounds`` exchanges of ``nbytes`` with both neighbours on the clockwise channel."""
     collectives = runtime().collectives
     assert collectives is not None
-    ch = collectives.ring.channels[0]
+    ch = collectives.rings[0].channels[0]  # one rank per host: the ring of all ranks, or of the hosts' leaders
     payload = bytearray(frame)
     times = []
     for _ in range(rounds):

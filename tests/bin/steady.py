@@ -16,7 +16,7 @@ from macfleet.runtime import runtime
 
 macfleet.init()
 rank, world = macfleet.rank(), macfleet.world_size()
-ring = runtime().collectives.ring
+ring = runtime().collectives.rings[0]  # of all ranks, or of the hosts' leaders (one rank per host)
 print("ENDPOINTS " + json.dumps({"rank": rank, "ring": ring.endpoints(),
                                  "coordinator": os.environ.get("MACFLEET_COORDINATOR")}), flush=True)
 wrong = iterations = 0
