@@ -99,6 +99,7 @@ def test_the_environment_contract_and_per_rank_seeds() -> None:
         assert fields["torch_seed"] == 40 + rank
         assert float(fields["MACFLEET_MEMORY_FRACTION"]) == 0.45  # two processes share the GPU
         assert fields["PYTORCH_MPS_HIGH_WATERMARK_RATIO"] == fields["MACFLEET_MEMORY_FRACTION"]
+        assert fields["rings"] == []  # one Mac's ranks share memory: no data socket at all
     assert seen[0]["MACFLEET_JOB_ID"] == seen[1]["MACFLEET_JOB_ID"]
     assert seen[0]["python_random"] != seen[1]["python_random"]
 

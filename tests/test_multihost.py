@@ -382,6 +382,7 @@ def test_environment_and_working_directory_reach_remote_ranks(sshd, tmp_path) ->
         assert fields["EXTRA_ONE"] == "a b'c"  # --env, quoted safely through the remote shell
         assert fields["cwd"] == str(tmp_path)
         assert fields["MACFLEET_JOB_SECRET"] is None
+        assert fields["rings"] == [[0, 1]]  # one rank per host: the hosts' ring alone, not a second of all ranks
 
 
 def test_lines_printed_on_two_hosts_at_once_arrive_whole(sshd) -> None:

@@ -69,6 +69,8 @@ if mode == "env":
     seen.update({k: v for k, v in os.environ.items() if k.startswith(("MACFLEET_TEST_", "EXTRA_"))})
     seen["cwd"] = os.getcwd()
     seen["torch_seed"] = torch.initial_seed()
+    from macfleet.runtime import runtime  # the members of each ring this rank has sockets on
+    seen["rings"] = [ring.members for ring in runtime().collectives.rings]
     seen["python_random"] = random.random()
     print("ENV " + json.dumps(seen))
     macfleet.shutdown()
