@@ -347,8 +347,9 @@ class _ControlThread(threading.Thread):
     def register(self, endpoints: dict[str, str]) -> tuple[dict[int, dict[str, str]], dict[int, int]]:
         """Publish our endpoints; return every rank's endpoints and local rank, once all registered."""
         self.outbox.put((protocol.REGISTER, {"rank": self.env.rank, "endpoints": endpoints, "pid": os.getpid(),
-                                             "host": self.env.host, "data_addr": self.env.data_addr, "local_rank": self.env.local_rank,
-                                             "device": self.device, "mps_available": backends.mps_available()}))
+                                             "host": self.env.host, "data_addr": self.env.data_addr,
+                                             "local_rank": self.env.local_rank, "device": self.device,
+                                             "mps_available": backends.mps_available()}))
         limit = knobs.seconds("MACFLEET_RENDEZVOUS_TIMEOUT", RENDEZVOUS_TIMEOUT_S)
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:

@@ -32,7 +32,9 @@ CONNECT_TIMEOUT_S = 30.0  # MACFLEET_CONNECT_TIMEOUT
 def _described(fields: dict[str, Any]) -> str:
     """A collective as its messages name it: "all_reduce of 8 float32, from DataParallel"."""
     dtype = str(fields.get("dtype", "")).removeprefix("torch.")
-    what = f"{fields.get('c', '?')} of {fields['numel']} {dtype}".rstrip() if "numel" in fields else str(fields.get("c", "?"))
+    what = str(fields.get("c", "?"))
+    if "numel" in fields:
+        what = f"{what} of {fields['numel']} {dtype}".rstrip()
     return f"{what}, from {fields['by']}" if fields.get("by") else what
 
 
