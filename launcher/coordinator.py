@@ -375,7 +375,8 @@ class Coordinator:
             self.reports[rank] = dict(msg.get("data") or {})
 
     def ring_table(self) -> str:
-        lines = [f"ring of {self.world_size} ranks:", f"  {'rank':>4}  {'host':<24} {'data address':<16} device"]
+        lines = [f"{self.world_size} ranks on {self.num_agents} hosts:",
+                 f"  {'rank':>4}  {'host':<24} {'data address':<16} device"]
         for rank in range(self.world_size):
             addr = self.data_addrs.get(rank, "?")
             lines.append(f"  {rank:>4}  {self.hosts.get(rank, '?'):<24} {addr:<16} {self.devices.get(rank, '?')}")

@@ -43,8 +43,8 @@ def test_mnist_across_hosts_matches_the_single_host_run(sshd, tmp_path) -> None:
                          env=env, timeout=300)
         assert job.code == 0, job.output
         assert "[rank 0 127.0.0.2] epoch 1/1" in job.stdout  # only rank 0 prints; prefixed with its host
-        assert "ring of 4 ranks" in job.stderr
-        ring_table = job.stderr[job.stderr.index("ring of 4 ranks"):].splitlines()[2:6]
+        assert "4 ranks on 2 hosts" in job.stderr
+        ring_table = job.stderr[job.stderr.index("4 ranks on 2 hosts"):].splitlines()[2:6]
         on_first = int(layout[10])
         assert [line.split()[2] for line in ring_table] == ["127.0.0.2"] * on_first + ["127.0.0.3"] * (4 - on_first)
         got, want = params(out), params(tmp_path / "one")
@@ -112,7 +112,7 @@ def test_hosts_named_by_ipv6_addresses(netns_hosts) -> None:
                      str(BIN / "last_send.py"), str(1 << 20), timeout=60)
     assert job.code == 0, job.output
     assert "received every byte" in job.stdout, job.output
-    ring = job.stderr[job.stderr.index("ring of 2 ranks"):].splitlines()[2:4]
+    ring = job.stderr[job.stderr.index("2 ranks on 2 hosts"):].splitlines()[2:4]
     assert [line.split()[2] for line in ring] == [h.addr6 for h in hosts], ring  # the data goes over IPv6
 
 
@@ -137,7 +137,7 @@ def test_a_name_with_both_kinds_of_address_is_reached_over_ipv4(netns_hosts, tmp
                      str(BIN / "last_send.py"), str(1 << 20), timeout=60, prefix=private)
     assert job.code == 0, job.output
     assert "received every byte" in job.stdout, job.output
-    ring = job.stderr[job.stderr.index("ring of 2 ranks"):].splitlines()[2:4]
+    ring = job.stderr[job.stderr.index("2 ranks on 2 hosts"):].splitlines()[2:4]
     assert [line.split()[2] for line in ring] == [host.addr for host in hosts], ring
 
 
@@ -363,7 +363,7 @@ def test_collectives_across_network_namespaces(netns_hosts, tmp_path) -> None:
     job = run_launch("--hosts", f"{hosts[0].addr}:2,{hosts[1].addr}:1", *server.launch_options(),
                      str(BIN / "oracle.py"), str(STEPS), str(tmp_path / "params.pt"), timeout=120)
     assert job.code == 0, job.output
-    ring = job.stderr[job.stderr.index("ring of 3 ranks"):].splitlines()[2:5]
+    ring = job.stderr[job.stderr.index("3 ranks on 2 hosts"):].splitlines()[2:5]
     assert [line.split()[2] for line in ring] == [hosts[0].addr, hosts[0].addr, hosts[1].addr]
     assert [line.split()[3] for line in ring] == ["cpu"] * 3  # each rank's device, as it registered
     got, want = torch.load(tmp_path / "params.pt"), reference_parameters()
