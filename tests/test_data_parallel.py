@@ -130,13 +130,19 @@ def test_a_forward_without_autograd_on_rank_0_alone_needs_no_other_rank(tmp_path
     assert job.code == 0, job.output
 
 
-def test_sync_batch_norm_normalizes_with_the_whole_global_batch(tmp_path) -> None:
+@pytest.mark.parametrize("where", ["one host", "two hosts"])
+def test_sync_batch_norm_normalizes_with_the_whole_global_batch(request, tmp_path, where: str) -> None:
     """A DDP script converted with ``nn.SyncBatchNorm.convert_sync_batchnorm``: torch's runs as a
     plain BatchNorm without a torch.distributed process group, so each rank normalized its own
     batch alone (only a warning said so). Ranks of 1, 2 and 3 images of different statistics
     must get what one BatchNorm2d gets on all 6: running statistics, the input's gradient of
-    the sum of every rank's loss, and (averaged by DataParallel) the parameters' gradients."""
-    job = run_launch("--nproc", "3", str(BIN / "sync_bn.py"), str(tmp_path), timeout=60)
+    the sum of every rank's loss, and (averaged by DataParallel) the parameters' gradients.
+    Across hosts of 2 ranks and 1 the statistics are gathered through each host's shared
+    memory and the hosts' ring, in runs of blocks of different lengths."""
+    layout = ["--nproc", "3"]
+    if where == "two hosts":
+        layout = ["--hosts", "127.0.0.2:2,127.0.0.3:1", *request.getfixturevalue("sshd").launch_options()]
+    job = run_launch(*layout, str(BIN / "sync_bn.py"), str(tmp_path), timeout=60)
     assert job.code == 0, job.output
     norm = sync_bn.make_norm()
     batches = [sync_bn.batch(r) for r in range(3)]
