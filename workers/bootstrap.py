@@ -18,6 +18,7 @@ import runpy
 import sys
 import time
 import traceback
+import warnings
 
 from macfleet import errorfile
 from macfleet.workers import dumps
@@ -35,6 +36,11 @@ def main() -> None:
     faulthandler.enable()
     if os.environ.get("MACFLEET_STACKS_FILE"):  # where a rank that holds the GIL for good is (dumps.py)
         dumps.arm(os.environ["MACFLEET_STACKS_FILE"])
+    # torch warns when it is imported where NumPy is not installed at all (torch does not need
+    # it), and every rank printed the same two lines at every start. A script that does use
+    # NumPy still gets torch's own error ("Numpy is not available"); a NumPy that is installed
+    # but broken still warns.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy: No module named 'numpy'")
     script = os.path.abspath(sys.argv[1])
     code: object = 0
     try:
