@@ -4,7 +4,7 @@ Hostfile example (``#`` starts a comment, blank lines are ignored)::
 
     # ssh name      slots     data-plane address (optional; e.g. a Thunderbolt bridge IP)
     mini1.local     slots=2   addr=169.254.10.2
-    alice@mini2     slots=1
+    alice@mini2     slots=1   max_slots=1   # OpenMPI's cap: more ranks asked of it is an error
 
 Parsers raise ``ValueError`` with a message naming the bad entry; the CLI turns it into a
 one-line usage error.
@@ -76,7 +76,7 @@ def parse_hostfile(path: str, default_slots: int = 1) -> list[Host]:
                 continue
             where = f"{path}:{number}"
             name, *options = line.split()
-            slots, addr = default_slots, None
+            slots, addr, cap = default_slots, None, None
             for option in options:
                 key, sep, value = option.partition("=")
                 if key == "slots" and sep and value.isdigit():
@@ -84,9 +84,12 @@ def parse_hostfile(path: str, default_slots: int = 1) -> list[Host]:
                 elif key == "addr" and sep and value:
                     addr = data_address(value, f"{where}: addr=")
                 elif key in ("max_slots", "max-slots") and sep and value.isdigit():
-                    pass  # OpenMPI's cap on oversubscribing: we start exactly slots ranks
+                    cap = int(value)  # OpenMPI's cap: a job that asks this host for more is refused
                 else:
                     raise ValueError(f"{where}: cannot read {option!r} (expected slots=N or addr=IP)")
+            if cap is not None and slots > cap:
+                raise ValueError(f"{where}: {slots} ranks asked of {name}, over its max_slots={cap} "
+                                 f"(give it slots=N of at most {cap}, or a smaller --nproc)")
             hosts.append(_host(name, slots, addr, where))
     if not hosts:
         raise ValueError(f"{path}: no hosts")

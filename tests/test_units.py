@@ -158,6 +158,14 @@ def test_hostfile_names_the_bad_line(tmp_path) -> None:
         parse_hostfile(str(path))
     path.write_text("mini1 slots=2 max_slots=4\n")
     assert [(h.name, h.slots) for h in parse_hostfile(str(path))] == [("mini1", 2)]
+    # and it caps: more ranks than max_slots, from slots= or from --nproc, is refused by name
+    path.write_text("mini1 slots=2 max_slots=4\nair max_slots=1\n")
+    assert [(h.name, h.slots) for h in parse_hostfile(str(path))] == [("mini1", 2), ("air", 1)]
+    with pytest.raises(ValueError, match=r":2: 2 ranks asked of air, over its max_slots=1"):
+        parse_hostfile(str(path), default_slots=2)
+    path.write_text("mini1 slots=5 max_slots=4\n")
+    with pytest.raises(ValueError, match=r":1: 5 ranks asked of mini1, over its max_slots=4"):
+        parse_hostfile(str(path))
 
 
 # -- sampler ----------------------------------------------------------------------------------
