@@ -116,8 +116,7 @@ class Collectives:
         self._lock = threading.Lock()  # collectives are issued one at a time, in the same order everywhere
         self._thread = threading.local()  # this thread's caller (on_behalf_of) and waiting state (waiting)
         self._by = ""  # the caller of the collective in progress, for its headers
-        sockets = ring or leaders
-        extra = len(sockets.channels) - 1 if sockets is not None else 0
+        extra = len(self.rings[0].channels) - 1 if self.rings else 0
         self._pool = ThreadPoolExecutor(extra, thread_name_prefix="macfleet-ring") if extra else None
         self._host = HostBuffers()
 

@@ -196,23 +196,23 @@ class Channel:
         if len(frames) != 2 or not self.pull.getsockopt(zmq.RCVMORE):
             raise wire.BadMessage("wrong frame count")
         fields = wire.unpack(self.secret, frames[0].buffer, frames[1].buffer)
-        ahead = fields.get("op")
-        if (fields.get("job"), fields.get("src")) == (self.job_id, self.prev_rank) and isinstance(ahead, int) \
-                and ahead > self._op:
-            # Authentic, and sent after everything the sender had for us in our op: it has made
-            # a collective that we have not. Stale messages (a replay) are dropped below; this
-            # one would be dropped too, and both ranks would wait for each other until the stall
-            # report. (Messages lost with a TCP connection that broke and came back would read
-            # the same; between two live processes that takes a peer kernel that forgot the
-            # connection, and the job would not have survived it before either.)
-            raise ProtocolError(
-                f"rank {self.prev_rank} is in collective #{ahead} ({_described(fields)}) while rank {self.rank} "
-                f"waits for its data in #{self._op} ({_described(meta or {})}): rank {self.prev_rank} has made "
-                f"more collectives than rank {self.rank} (every rank must call the same collectives, in the same "
-                f"order)")
         if (fields.get("job"), fields.get("src"), fields.get("op"), fields.get("seq")) != (
             self.job_id, self.prev_rank, self._op, self._seq_in
         ):
+            ahead = fields.get("op")
+            if (fields.get("job"), fields.get("src")) == (self.job_id, self.prev_rank) and isinstance(ahead, int) \
+                    and ahead > self._op:
+                # Authentic, and sent after everything the sender had for us in our op: it has
+                # made a collective that we have not. Dropped as a replay, it left both ranks
+                # waiting for each other until the stall report. (Messages lost with a TCP
+                # connection that broke and came back would read the same; between two live
+                # processes that takes a peer kernel that forgot the connection, and the job
+                # would not have survived it before either.)
+                raise ProtocolError(
+                    f"rank {self.prev_rank} is in collective #{ahead} ({_described(fields)}) while rank {self.rank} "
+                    f"waits for its data in #{self._op} ({_described(meta or {})}): rank {self.prev_rank} has made "
+                    f"more collectives than rank {self.rank} (every rank must call the same collectives, in the "
+                    f"same order)")
             raise wire.BadMessage("not the next message of the schedule")  # e.g. a replay
         # Authentic and in order: a disagreement now is a real mismatch between ranks.
         for key, want in (meta or {}).items():
