@@ -126,6 +126,9 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
               show_envvar=True, help="After a stall report: keep waiting, or abort if it lasts twice as long.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, show_envvar=True,
               help="After a failure, restart the whole job up to this many times (the script resumes from its checkpoint).")
+@click.option("--min-hosts", type=click.IntRange(min=1), default=None, show_envvar=True,
+              help="Go on without hosts that cannot be reached (asleep, off the network) while this many remain: "
+                   "at the start, and at each restart [default: every host].")
 @click.option("--allow-version-mismatch", is_flag=True, help="Run even if hosts have different torch/macfleet.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=None, show_envvar=True,
               help="Also write each rank's output to DIR/rank-K.log on the rank's host (relative to --cwd); "
@@ -137,7 +140,7 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, memory_fraction: float | None,
            heartbeat_timeout: float, stall_timeout: float, stall_action: str, max_restarts: int,
-           allow_version_mismatch: bool, log_dir: str | None, show_ranks: str | None, module: bool,
+           min_hosts: int | None, allow_version_mismatch: bool, log_dir: str | None, show_ranks: str | None, module: bool,
            **hosts: Any) -> None:
     """Run SCRIPT [ARGS]... as one data-parallel job.
 
@@ -158,6 +161,10 @@ def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, me
                       allow_version_mismatch=allow_version_mismatch, log_dir=log_dir, **hosts)
     if show_ranks is not None:
         cfg.show_ranks = parse_ranks(show_ranks, cfg.world_size)
+    if min_hosts is not None and min_hosts > len(cfg.hosts):
+        raise click.BadParameter(f"{min_hosts} is more hosts than the job has ({len(cfg.hosts)})",
+                                 param_hint="--min-hosts")
+    cfg.min_hosts = min_hosts
     if log_dir is not None and any(h.is_local for h in cfg.hosts):  # the others' agents check theirs
         directory = os.path.join(cfg.cwd, log_dir)
         try:

@@ -6,6 +6,7 @@ The call chain from the CLI to the training processes is short on purpose:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import signal
@@ -55,6 +56,7 @@ class LaunchConfig:
     restart_count: int = 0
     log_dir: str | None = None  # each rank's output also goes to rank-K.log there, on its host
     show_ranks: list[int] | None = None  # only these ranks' output reaches the terminal (None: all)
+    min_hosts: int | None = None  # go on without hosts that cannot be reached, while this many remain (None: all)
 
     @property
     def world_size(self) -> int:
@@ -75,6 +77,9 @@ class JobOutcome:
     code: int
     coordinator: Coordinator
     interrupted: bool = False
+    # hosts (index -> why) whose agents could not be started, when --min-hosts lets the job go on
+    # without them; the attempt then printed no failure report
+    left_out: dict[int, str] = field(default_factory=dict)
 
 
 def log(message: str) -> None:
@@ -174,8 +179,15 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
                 coord.fail(Failure(time.time(), f"cannot start the agent for {host.name}: {exc}"))
                 break
             rank_base += host.slots
-        code = _supervise(cfg, coord, agents, interrupted, stdin)
-        return JobOutcome(code, coord, bool(interrupted))
+        unreached: dict[int, str] = {}
+        _supervise(cfg, coord, agents, interrupted, stdin, unreached)
+        left_out = _left_out(cfg, coord, unreached, interrupted)
+        if left_out:  # no report: the job goes on without them (run_on_reachable_hosts)
+            return JobOutcome(1, coord, left_out=left_out)
+        if cfg.min_hosts is not None and unreached and not coord.started:
+            log(f"{len(cfg.hosts) - len(unreached)} of {len(cfg.hosts)} hosts could be reached, fewer than "
+                f"--min-hosts {cfg.min_hosts}")
+        return JobOutcome(_result(cfg, coord, interrupted), coord, bool(interrupted))
     finally:
         for agent in agents:
             _stop_agent(agent)
@@ -186,7 +198,9 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
 
 
 def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], interrupted: list[int],
-               stdin: StdinRelay | None) -> int:
+               stdin: StdinRelay | None, unreached: dict[int, str]) -> None:
+    """Until the job has ended. ``unreached`` gets the hosts (index -> why) whose agents could
+    not be started, when that was the job's first failure."""
     started_at = time.monotonic()
     abort_at: float | None = None
     ended_well: dict[int, float] = {}  # agent -> when its process was seen ended before its goodbye arrived
@@ -205,14 +219,22 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
             if len(coord.hellos) == len(agents):
                 _start(cfg, coord, agents)
             elif time.monotonic() - started_at > cfg.start_timeout_s:
-                missing = [a.host.name for i, a in enumerate(agents) if i not in coord.hellos]
-                coord.fail(Failure(time.time(), f"no agent answered from {', '.join(missing)} "
-                                                f"within {cfg.start_timeout_s:.0f} s"))
+                missing = [i for i in range(len(agents)) if i not in coord.hellos]
+                silent = f"within {cfg.start_timeout_s:.0f} s"
+                unreached.update({i: f"no agent answered from {agents[i].host.name} {silent}"
+                                  for i in missing if not agents[i].host.is_local})
+                coord.fail(Failure(time.time(), f"no agent answered from "
+                                                f"{', '.join(agents[i].host.name for i in missing)} {silent}"))
         if not ring_shown and len(coord.registered) == cfg.world_size:
             ring_shown = True
             if len(agents) > 1:
                 log(coord.ring_table())
         for index, agent in enumerate(agents):
+            if agent.proc.poll() is not None and index not in coord.hellos and index not in unreached and \
+                    not agent.host.is_local and agent.proc.returncode == 255:
+                # ssh's own failure (no connection, no login), even after another host's: each one
+                # that --min-hosts goes on without, at once
+                unreached[index] = _agent_lost(agent, reached=False, waited_s=cfg.heartbeat_timeout_s)
             if agent.proc.poll() is not None and index not in coord.agents_done and coord.aborted is None:
                 # Code 0: its ranks all finished and it said goodbye before it ended. Over a link
                 # that was lost for a while, ssh's word of the end can come first: TCP's backoff
@@ -221,8 +243,8 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
                 if agent.proc.returncode == 0 and index in coord.hellos and \
                         time.monotonic() - since < cfg.heartbeat_timeout_s:
                     continue
-                coord.fail(Failure(time.time(), _agent_lost(agent, reached=index in coord.hellos,
-                                                            waited_s=cfg.heartbeat_timeout_s)))
+                coord.fail(Failure(time.time(), unreached.get(index) or _agent_lost(
+                    agent, reached=index in coord.hellos, waited_s=cfg.heartbeat_timeout_s)))
             if f"agent-{index}" in coord.lost and agent.proc.poll() is None:
                 # Unreachable: nothing we send arrives. Its agent stops its ranks by itself when we
                 # fall silent; waiting on the ssh connection would only delay the report.
@@ -237,7 +259,16 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
             log("agents did not stop in time; killing them")
             break
     _drained(agents)  # what they wrote last (a rank's traceback), before the report
-    return _result(cfg, coord, interrupted)
+
+
+def _left_out(cfg: LaunchConfig, coord: Coordinator, unreached: dict[int, str],
+              interrupted: list[int]) -> dict[int, str]:
+    """The hosts to go on without: those that could not be reached, if that alone kept the job
+    from starting and ``--min-hosts`` of the hosts remain."""
+    root = coord.root_cause()
+    if cfg.min_hosts is None or coord.started or interrupted or root is None or root.reason not in unreached.values():
+        return {}
+    return unreached if len(cfg.hosts) - len(unreached) >= cfg.min_hosts else {}
 
 
 def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> None:
@@ -342,14 +373,14 @@ def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
     stdin = StdinRelay()
     for attempt in range(max_restarts + 1):
         cfg.restart_count = attempt
-        outcome = run_job(cfg, stdin)
+        outcome, job = run_on_reachable_hosts(cfg, stdin)
         if outcome.code == 0:  # a training job's, not bench's or doctor's: their own tables say it
             coord = outcome.coordinator
-            for line in pace_report(coord.waits, coord.hosts, cfg.world_size, coord.speeds):
+            for line in pace_report(coord.waits, coord.hosts, job.world_size, coord.speeds):
                 log(line)
         if outcome.code == 0 or outcome.interrupted or not outcome.coordinator.started or attempt == max_restarts:
             if cfg.log_dir is not None and outcome.coordinator.started:
-                where = " on its host" if len(cfg.hosts) > 1 else ""
+                where = " on its host" if len(job.hosts) > 1 else ""
                 log(f"each rank's output is also in {os.path.join(cfg.cwd, cfg.log_dir, 'rank-K.log')}{where}")
             return outcome.code
         root = outcome.coordinator.root_cause()
@@ -360,3 +391,26 @@ def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
             return outcome.code
         log(f"restart {attempt + 1} of {max_restarts} after: {root.reason if root else 'a failure'}")
     return 1
+
+
+def run_on_reachable_hosts(cfg: LaunchConfig, stdin: StdinRelay | None) -> tuple[JobOutcome, LaunchConfig]:
+    """One attempt of the job, and the configuration it ran with. With ``--min-hosts``, hosts
+    whose agents cannot be started (a Mac asleep, its lid closed, off the network) are left out
+    and the job starts again on the others, as long as that many remain. Each attempt starts
+    from every host: a Mac that is back joins at the next restart."""
+    job = cfg
+    while True:
+        outcome = run_job(job, stdin)
+        if not outcome.left_out:
+            return outcome, job
+        gone = [job.hosts[i].name for i in sorted(outcome.left_out)]
+        for index in sorted(outcome.left_out):
+            log(outcome.left_out[index])
+        first = job.hosts[0]
+        job = dataclasses.replace(job, hosts=[h for i, h in enumerate(job.hosts) if i not in outcome.left_out])
+        moved = "" if job.hosts[0] is first else \
+            (f"; rank 0 now runs on {job.hosts[0].name}: a checkpoint that rank 0 kept on {first.name}'s disk is not "
+             f"there, unless the Macs share that directory")
+        ranks = f"{job.world_size} rank{'s' if job.world_size > 1 else ''}"
+        log(f"going on without {', '.join(gone)}: {ranks} on {len(job.hosts)} of {len(cfg.hosts)} hosts "
+            f"(--min-hosts {cfg.min_hosts}){moved}")

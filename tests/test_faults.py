@@ -31,15 +31,16 @@ class RunningJob:
         self.proc, self.lines = start_launch(*args, ready=" ready pid=", ranks=ranks)
         self.pids = {int(line.split()[1].rstrip("]")): int(line.rsplit("=", 1)[1])
                      for line in self.lines if " ready pid=" in line}
+        self.out = ""  # what it printed after those lines, once it has ended (``wait``)
 
     def wait(self, timeout: float) -> tuple[int, str, float]:
         """Exit code, stderr, and seconds since this call (the fault was injected just before)."""
         started = time.monotonic()
         try:
-            out, err = self.proc.communicate(timeout=timeout)
+            self.out, err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             kill_group(self.proc.pid)
-            out, err = self.proc.communicate()
+            self.out, err = self.proc.communicate()
             pytest.fail(f"job not down within {timeout} s after the fault:\n{err}")
         return self.proc.returncode, err, time.monotonic() - started
 

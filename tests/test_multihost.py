@@ -259,6 +259,49 @@ def test_an_unreachable_host_is_reported_within_the_connect_timeout(sshd) -> Non
     assert job.seconds < 5 + 15
 
 
+def test_with_min_hosts_the_job_starts_on_the_hosts_it_can_reach(sshd) -> None:
+    """A Mac asleep or off the network when the job starts: --min-hosts 2 goes on without it,
+    numbering the others' ranks from 0, and says so; it runs two hosts all the same."""
+    hosts = ["--hosts", "127.0.0.2:1,127.0.0.9:1,127.0.0.3:2", *sshd.launch_options(), "--ssh-connect-timeout", "5"]
+    job = run_launch(*hosts, "--min-hosts", "2", BEHAVE, "-1", "env", timeout=90)
+    assert job.code == 0, job.output
+    assert "cannot reach 127.0.0.9 over ssh" in job.stderr
+    assert "going on without 127.0.0.9: 3 ranks on 2 of 3 hosts (--min-hosts 2)" in job.stderr, job.stderr
+    seen = [(host, json.loads(text)) for host, text in re.findall(r"\[rank \d (\S+)\] ENV (.*)", job.stdout)]
+    assert sorted((host, env["RANK"], env["WORLD_SIZE"]) for host, env in seen) == \
+        [("127.0.0.2", "0", "3"), ("127.0.0.3", "1", "3"), ("127.0.0.3", "2", "3")], job.stdout
+    fewer = run_launch(*hosts, "--min-hosts", "3", BEHAVE, "-1", "none", timeout=90)
+    assert fewer.code != 0 and "going on" not in fewer.stderr
+    assert "cannot reach 127.0.0.9 over ssh" in fewer.stderr[fewer.stderr.index("root cause"):]
+    assert "fewer than --min-hosts 3" in fewer.stderr, fewer.stderr
+
+
+def test_a_mac_lost_mid_run_is_left_out_at_the_restart(sshd, tmp_path) -> None:
+    """Its lid closed: the agent gone and its ssh refusing. The restart goes on with the
+    others (--min-hosts 2), and the all-reduce sums over exactly them."""
+    import sshd as helper
+
+    third = helper.start_sshd(sshd.identity.parent, ["127.0.0.4"], port=sshd.port)
+    try:
+        job = RunningJob("--hosts", "127.0.0.2:1,127.0.0.3:1,127.0.0.4:1", *sshd.launch_options(), "--min-hosts", "2",
+                         "--max-restarts", "1", BEHAVE, "-1", "hang-first", ranks=3)
+        try:
+            agent = int(subprocess.run(["ps", "-o", "ppid=", "-p", str(job.pids[2])], capture_output=True, text=True,
+                                       check=True).stdout)  # rank 2's parent: the agent on 127.0.0.4
+            third.stop()  # new connections refused; the agent's own session lives on until killed
+            os.kill(agent, signal.SIGKILL)
+            code, err, _ = job.wait(90)
+        finally:
+            job.close()
+    finally:
+        third.stop()
+    assert code == 0, err
+    assert "restart 1 of 1 after: the agent on 127.0.0.4 ended" in err, err
+    assert "going on without 127.0.0.4: 2 ranks on 2 of 3 hosts" in err, err
+    assert sorted(re.findall(r"\[rank (\d) \S+\] sum (\d) of world (\d)", job.out)) == [("0", "2", "2"), ("1", "2", "2")]
+    assert job_processes() == []
+
+
 def test_a_remote_agent_killed_is_not_reported_as_unreachable(sshd) -> None:
     """ssh exits with 255 when it cannot connect and when its command is killed by a signal
     (macOS ending a process when memory runs out, say). The report said "cannot reach 127.0.0.3

@@ -175,8 +175,8 @@ if checkpoint_path and (args.resume or restarted):
         state = macfleet.checkpoint.load(checkpoint_path, model, optimizer, sampler)
         start_epoch, step, history = state.epoch, state.step, state.extra.get("history", [])
         log(f"resumed from {checkpoint_path}: epoch {start_epoch + 1}, step {step}")
-    elif args.resume:
-        log(f"no checkpoint in {args.train_url} yet; starting from the beginning")
+    else:  # after a restart too: rank 0's Mac may be another one now (macfleet launch --min-hosts)
+        log(f"no checkpoint in {args.train_url} on rank 0's Mac yet; starting from the beginning")
 
 # -----------------------------------------------------------------------------
 # training loop

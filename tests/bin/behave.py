@@ -10,7 +10,7 @@ collective after ``macfleet.shutdown()``, ``early``: shut down and exit 0, ``no-
 before ``macfleet.init()``, ``late``: call it only after ``BEHAVE_LATE_S`` (6 s), ``child``:
 raise, as every rank leaves a background process holding its stdout and stderr, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
-(until stopped). ``env`` prints the environment contract as this rank sees it.
+(until stopped); with ``hang-first`` only until a restart, which finishes. ``env`` prints the environment contract as this rank sees it.
 In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
 others' by its size (``numel``), reduce op (``rop``), dtype (``dtype``) or kind (``kind``: an
 all-gather) or by being a ``checkpoint.save`` (the torch DDP habit of saving from one rank
@@ -127,6 +127,11 @@ agreed = {"gather": lambda: macfleet.all_gather(torch.ones(8))}.get(mode, lambda
 if mode in mismatch:
     result = mismatch[mode]() if rank >= fail_rank else agreed()
     print(f"returned {result.tolist()}", flush=True)  # what the test must never see
+if mode == "hang-first":  # as hang in the first attempt; a restart sums a one from each rank and finishes
+    if os.environ["MACFLEET_RESTART_COUNT"] == "0":
+        mode = "hang"
+    else:
+        print(f"sum {macfleet.all_reduce(torch.ones(1)).item():.0f} of world {macfleet.world_size()}", flush=True)
 if mode == "hang":
     while True:
         macfleet.all_reduce(torch.ones(8))  # where the others wait in mode hang
