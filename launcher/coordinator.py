@@ -375,11 +375,14 @@ class Coordinator:
             self.reports[rank] = dict(msg.get("data") or {})
 
     def ring_table(self) -> str:
+        links = {rank: hello.get("link") or "?" for hello in self.hellos.values()
+                 for rank in range(*hello.get("ranks", (0, 0)))}
         lines = [f"{self.world_size} ranks on {self.num_agents} hosts:",
-                 f"  {'rank':>4}  {'host':<24} {'data address':<16} device"]
+                 f"  {'rank':>4}  {'host':<24} {'data address':<16} {'link':<28} device"]
         for rank in range(self.world_size):
-            addr = self.data_addrs.get(rank, "?")
-            lines.append(f"  {rank:>4}  {self.hosts.get(rank, '?'):<24} {addr:<16} {self.devices.get(rank, '?')}")
+            addr, link = self.data_addrs.get(rank, "?"), links.get(rank, "?")
+            lines.append(f"  {rank:>4}  {self.hosts.get(rank, '?'):<24} {addr:<16} {link:<28} "
+                         f"{self.devices.get(rank, '?')}")
         return "\n".join(lines)
 
     def _on_exit(self, msg: dict[str, Any], peer: Peer) -> None:

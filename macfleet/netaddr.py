@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
 import struct
@@ -97,6 +98,51 @@ def interface_of(addr: str) -> str | None:
         if _same_address(held, addr):
             return name
     return None
+
+
+def link_of(addr: str) -> str | None:
+    """The interface that holds ``addr``, with what kind of link it is where the system says:
+    ``en0 (Wi-Fi)``, ``bridge0 (Thunderbolt Bridge)``, ``eth0``. None if no interface holds it."""
+    iface = interface_of(addr)
+    if iface is None:
+        return None
+    kind = _link_kind(iface)
+    return f"{iface} ({kind})" if kind else iface
+
+
+def over_wifi(link: str | None) -> bool:
+    return bool(link) and link.endswith(f"({WIFI})")
+
+
+WIFI = "Wi-Fi"
+
+
+def _link_kind(iface: str) -> str | None:
+    if sys.platform == "darwin":  # the names System Settings > Network shows
+        try:
+            out = subprocess.run(["networksetup", "-listallhardwareports"], capture_output=True, text=True,
+                                 timeout=5).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return hardware_ports(out).get(iface)
+    if os.path.exists(f"/sys/class/net/{iface}/wireless"):  # Linux: a Wi-Fi interface has this
+        return WIFI
+    return None
+
+
+def hardware_ports(text: str) -> dict[str, str]:
+    """Device -> hardware port, from macOS's ``networksetup -listallhardwareports``: blocks of
+    ``Hardware Port: Wi-Fi`` / ``Device: en0`` / ``Ethernet Address: ...``."""
+    ports: dict[str, str] = {}
+    port = None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Hardware Port":
+            port = value.strip()
+        elif key.strip() == "Device" and port:
+            ports[value.strip()] = WIFI if port in ("Wi-Fi", "AirPort") else port  # AirPort: macOS before 10.7
+            port = None
+    return ports
 
 
 def _kernel_addresses() -> list[tuple[str, str]]:

@@ -114,6 +114,7 @@ def test_hosts_named_by_ipv6_addresses(netns_hosts) -> None:
     assert "received every byte" in job.stdout, job.output
     ring = job.stderr[job.stderr.index("2 ranks on 2 hosts"):].splitlines()[2:4]
     assert [line.split()[2] for line in ring] == [h.addr6 for h in hosts], ring  # the data goes over IPv6
+    assert [line.split()[3] for line in ring] == [h.veth for h in hosts], ring  # the interface that holds it
 
 
 def test_a_name_with_both_kinds_of_address_is_reached_over_ipv4(netns_hosts, tmp_path) -> None:
@@ -139,6 +140,7 @@ def test_a_name_with_both_kinds_of_address_is_reached_over_ipv4(netns_hosts, tmp
     assert "received every byte" in job.stdout, job.output
     ring = job.stderr[job.stderr.index("2 ranks on 2 hosts"):].splitlines()[2:4]
     assert [line.split()[2] for line in ring] == [host.addr for host in hosts], ring
+    assert [line.split()[3] for line in ring] == [host.veth for host in hosts], ring
 
 
 def blocked(netns_hosts, block: str) -> tuple[Job, str]:

@@ -75,6 +75,22 @@ def test_interfaces_are_found_without_iproute2(monkeypatch) -> None:
     assert netaddr.interface_of("203.0.113.254") is None  # TEST-NET-3: held by no interface here
 
 
+def test_the_launcher_knows_a_mac_s_wifi_from_its_other_links() -> None:
+    """``networksetup -listallhardwareports`` as macOS prints it (and pre-10.7's AirPort): the
+    launcher's table names each host's link, and warns of training over Wi-Fi, from it."""
+    text = ("\nHardware Port: Ethernet\nDevice: en0\nEthernet Address: 3c:22:fb:00:00:01\n\n"
+            "Hardware Port: Wi-Fi\nDevice: en1\nEthernet Address: 3c:22:fb:00:00:02\n\n"
+            "Hardware Port: Thunderbolt Bridge\nDevice: bridge0\nEthernet Address: 82:0a:1b:00:00:03\n\n"
+            "Hardware Port: AirPort\nDevice: en9\nEthernet Address: 00:00:00:00:00:04\n\n"
+            "VLAN Configurations\n===================\n")
+    ports = netaddr.hardware_ports(text)
+    assert ports == {"en0": "Ethernet", "en1": "Wi-Fi", "bridge0": "Thunderbolt Bridge", "en9": "Wi-Fi"}
+    assert [netaddr.over_wifi(f"{dev} ({kind})") for dev, kind in ports.items()] == [False, True, False, True]
+    assert not netaddr.over_wifi(None) and not netaddr.over_wifi("eth0")
+    assert netaddr.link_of("127.0.0.1") in ("lo", "lo0")  # no kind: loopback is no Wi-Fi
+    assert netaddr.link_of("203.0.113.254") is None
+
+
 def test_a_probe_tells_a_refused_port_from_an_open_one() -> None:
     """What the messages about unreachable peers say the connection met (a silent drop, "no
     answer", takes a firewall: test_multihost)."""

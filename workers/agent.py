@@ -234,7 +234,8 @@ class Agent:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             return 2
         hello = {"host_index": self.spec.host_index, "host": self.spec.host, "facts": host_facts(),
-                 "data_addr": self.data_addr, "ranks": [self.spec.rank_base, self.spec.rank_base + self.spec.slots]}
+                 "data_addr": self.data_addr, "link": netaddr.link_of(self.data_addr),
+                 "ranks": [self.spec.rank_base, self.spec.rank_base + self.spec.slots]}
         if self.spec.host_index == 0:
             self.store_socket = _listening_socket(self.data_addr)
             hello["master_port"] = self.store_socket.getsockname()[1]
