@@ -28,6 +28,8 @@ MACFLEET_STACKS_FILE               where faulthandler dumps the rank's stacks wh
 MACFLEET_DATA_ADDR                 the address this host's ring sockets bind to
 MACFLEET_HOST                      this host's name in the job (for messages)
 MACFLEET_AGENT_PID                 the agent's pid: a worker whose parent is gone stops itself
+MACFLEET_AGENT_FD                  a pipe that only the agent can write to, and never does: at its
+                                   EOF the rank's keeper stops the rank's process group
 MACFLEET_JOB_SECRET                per-job HMAC key; ``macfleet.init`` removes it from
                                    ``os.environ`` so the script's own children never see it
 MACFLEET_SHM_DIR                   the agent's per-job directory (shared-memory segment, error files)

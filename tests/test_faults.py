@@ -82,6 +82,38 @@ def test_an_agent_killed(job_of_three) -> None:
     assert seconds < 15
 
 
+def test_an_agent_killed_leaves_neither_a_rank_stuck_in_native_code_nor_an_exited_rank_s_children() -> None:
+    """A rank stops itself when its agent is gone, from a thread that needs the GIL; one
+    that holds the GIL for good never did. A rank that had exited left what it started to its
+    agent, which stops it at the job's end: SIGKILLed first, it left it running. Each rank's
+    keeper stops the rank's process group when the agent's pipe reaches its end."""
+    job = RunningJob("--nproc", "2", BEHAVE, "1", "orphans", ranks=2)
+    try:
+        assert job.proc.stdout is not None
+        lines = [job.proc.stdout.readline() for _ in range(2)]  # the child's line and the stuck rank's
+        child = int(re.search(r"child pid=(\d+)", "".join(lines)).group(1))
+        deadline = time.monotonic() + 20
+        while _alive(job.pids[1]) and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the process table for rank 1's exit
+        if _alive(job.pids[1]) or not (_alive(child) and _alive(job.pids[0])):
+            pytest.fail(f"rank 1 still running, or its child or rank 0 gone:\n{job.wait(30)[1]}")
+        agent = int(subprocess.run(["ps", "-o", "ppid=", "-p", str(job.pids[0])], capture_output=True, text=True,
+                                   check=True).stdout)
+        os.kill(agent, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (_alive(child) or _alive(job.pids[0])) and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for the keepers' work
+        assert not _alive(job.pids[0]), "the rank holding the GIL outlived its agent"
+        assert not _alive(child), "the exited rank's child outlived its agent"
+        code, err, _ = job.wait(30)
+        assert code != 0 and "the agent on localhost was killed by SIGKILL" in err
+    finally:
+        job.close()
+        for pid in (job.pids[0], locals().get("child")):
+            if pid and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_stopped_rank_is_reported_then_aborted(job_of_three) -> None:
     job = job_of_three("--heartbeat-timeout", "4")
     os.kill(job.pids[2], signal.SIGSTOP)

@@ -410,7 +410,8 @@ def test_collectives_across_network_namespaces(netns_hosts, tmp_path) -> None:
     assert job.code == 0, job.output
     ring = job.stderr[job.stderr.index("3 ranks on 2 hosts"):].splitlines()[2:5]
     assert [line.split()[2] for line in ring] == [hosts[0].addr, hosts[0].addr, hosts[1].addr]
-    assert [line.split()[3] for line in ring] == ["cpu"] * 3  # each rank's device, as it registered
+    assert [line.split()[3] for line in ring] == [hosts[0].veth, hosts[0].veth, hosts[1].veth]  # the link
+    assert [line.split()[4] for line in ring] == ["cpu"] * 3  # each rank's device, as it registered
     got, want = torch.load(tmp_path / "params.pt"), reference_parameters()
     for name in want:
         assert torch.allclose(got[name], want[name], atol=1e-5, rtol=0), name

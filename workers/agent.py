@@ -132,7 +132,7 @@ def stacks_file(error_file: str) -> str:
 
 
 def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: str, master_port: int,
-               error_file: str) -> dict[str, str]:
+               error_file: str, alive_fd: int) -> dict[str, str]:
     """The environment contract of ``macfleet.env``, built here and nowhere else."""
     env = dict(os.environ)
     env.update(spec.env)
@@ -157,6 +157,7 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: st
         "MACFLEET_DATA_ADDR": data_addr,
         "MACFLEET_HOST": spec.host,
         "MACFLEET_AGENT_PID": str(os.getpid()),
+        "MACFLEET_AGENT_FD": str(alive_fd),
         "MACFLEET_SHM_DIR": os.path.dirname(error_file),
         "MACFLEET_JOB_SECRET": spec.secret_hex,
         "PYTHONUNBUFFERED": "1",  # stream lines live, not at exit
@@ -221,6 +222,9 @@ class Agent:
         self.logs: dict[int, IO[bytes]] = {}  # by rank, with --log-dir
         self.awake: subprocess.Popen | None = None  # holds a Mac awake while its ranks run
         self._dumps: dict[int, _Dump] = {}  # by rank: stacks asked for and not sent yet
+        # Nothing is ever written to this pipe: its read end reaches EOF when this process is gone,
+        # however it went (SIGKILL included). Each rank's keeper (bootstrap.py) waits on it.
+        self.alive_r, self.alive_w = os.pipe()
 
     def run(self) -> int:
         threading.Thread(target=self._watch_stdin, daemon=True).start()
@@ -309,7 +313,8 @@ class Agent:
         error_file = os.path.join(self.tmpdir, f"error-{rank}.json")
         proc = subprocess.Popen(
             [self.spec.python, "-m", "macfleet.workers.bootstrap", self.spec.script, *self.spec.args],
-            env=worker_env(self.spec, local_rank, self.data_addr, master_addr, master_port, error_file),
+            env=worker_env(self.spec, local_rank, self.data_addr, master_addr, master_port, error_file, self.alive_r),
+            pass_fds=(self.alive_r,),
             cwd=self.spec.cwd,
             stdin=subprocess.PIPE,  # the launcher's stdin (``_feed``)
             stdout=subprocess.PIPE,

@@ -34,6 +34,8 @@ def main() -> None:
     # process) prints every thread's Python stack on stderr, whose last lines the report shows,
     # before the process dies of its signal as it would have: the line of the script that did it.
     faulthandler.enable()
+    if os.environ.get("MACFLEET_AGENT_FD"):
+        _start_keeper(int(os.environ.pop("MACFLEET_AGENT_FD")))
     if os.environ.get("MACFLEET_STACKS_FILE"):  # where a rank that holds the GIL for good is (dumps.py)
         dumps.arm(os.environ["MACFLEET_STACKS_FILE"])
     # torch warns when it is imported where NumPy is not installed at all (torch does not need
@@ -64,6 +66,33 @@ def main() -> None:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
     _free_script_objects()
     sys.exit(code)
+
+
+# At the pipe's end: the rank's own check (runtime._check_parent, once a second) has had time to
+# release the job's shared memory, which needs Python on macOS; then what is left goes.
+KEEPER = 'cat >/dev/null; sleep 3; [ -n "$MACFLEET_SHM_DIR" ] && rm -rf "$MACFLEET_SHM_DIR"; kill -KILL 0'
+
+
+def _start_keeper(alive_fd: int) -> None:
+    """A process in this rank's group that stops the group when the agent is gone. The rank
+    stops itself then too (``runtime._check_parent``), but not where it holds the GIL for good,
+    has left the job (``macfleet.shutdown``) or never joined it; and what it started is left
+    behind once it has exited: its agent, which stops them at the job's end, may be SIGKILLed
+    first. The keeper also holds the group's id, which no new group can take while it lives, so
+    the agent's last killpg cannot reach another job's."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    env = {"PATH": "/usr/bin:/bin", "MACFLEET_SHM_DIR": os.environ.get("MACFLEET_SHM_DIR", "")}
+    try:
+        os.posix_spawn("/bin/sh", ["sh", "-c", KEEPER], env, file_actions=[
+            (os.POSIX_SPAWN_DUP2, alive_fd, 0),  # cat ends at the pipe's EOF: no agent holds it any more
+            (os.POSIX_SPAWN_DUP2, devnull, 1),   # not the rank's output pipes, whose end the agent waits for
+            (os.POSIX_SPAWN_DUP2, devnull, 2),
+        ])
+    except OSError:
+        pass  # no keeper: the rank still stops itself when its agent is gone
+    finally:
+        os.close(devnull)
+        os.close(alive_fd)
 
 
 def _find_module(module: str) -> importlib.machinery.ModuleSpec | None:

@@ -10,7 +10,8 @@ collective after ``macfleet.shutdown()``, ``early``: shut down and exit 0, ``no-
 before ``macfleet.init()``, ``late``: call it only after ``BEHAVE_LATE_S`` (6 s), ``child``:
 raise, as every rank leaves a background process holding its stdout and stderr, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
-(until stopped); with ``hang-first`` only until a restart, which finishes. ``env`` prints the environment contract as this rank sees it.
+(until stopped); in ``orphans`` FAIL_RANK starts a process and exits while the others
+hold the GIL for good; with ``hang-first`` only until a restart, which finishes. ``env`` prints the environment contract as this rank sees it.
 In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
 others' by its size (``numel``), reduce op (``rop``), dtype (``dtype``) or kind (``kind``: an
 all-gather) or by being a ``checkpoint.save`` (the torch DDP habit of saving from one rank
@@ -80,6 +81,15 @@ if mode == "child":  # a metrics service, say: it inherits the rank's output str
     print(f"child pid={child.pid}", flush=True)
 print(f"ready pid={os.getpid()}", flush=True)
 macfleet.barrier()
+if mode == "orphans":  # FAIL_RANK leaves a process behind and exits; the others hold the GIL for good
+    if rank == fail_rank:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(f"child pid={child.pid} of pid={os.getpid()}", flush=True)
+        macfleet.shutdown()
+        os._exit(0)
+    print(f"stuck pid={os.getpid()}", flush=True)
+    native_deadlock()
 if rank == fail_rank:
     if mode in ("raise", "child"):
         raise ValueError(f"deliberate failure on rank {rank}")
