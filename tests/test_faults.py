@@ -87,7 +87,9 @@ def test_an_agent_killed_leaves_neither_a_rank_stuck_in_native_code_nor_an_exite
     that holds the GIL for good never did. A rank that had exited left what it started to its
     agent, which stops it at the job's end: SIGKILLed first, it left it running. Each rank's
     keeper stops the rank's process group when the agent's pipe reaches its end."""
-    job = RunningJob("--nproc", "2", BEHAVE, "1", "orphans", ranks=2)
+    # rank 0 sends no heartbeat while it holds the GIL: no timeout may stop the job before the test does
+    job = RunningJob("--nproc", "2", "--heartbeat-timeout", "120", "--stall-timeout", "0", BEHAVE, "1", "orphans",
+                     ranks=2)
     try:
         assert job.proc.stdout is not None
         lines = [job.proc.stdout.readline() for _ in range(2)]  # the child's line and the stuck rank's
