@@ -15,6 +15,7 @@ from macfleet.launcher.hosts import Host
 from macfleet.launcher.launch import LaunchConfig, run_job
 from macfleet.launcher.remote import ssh_command
 from macfleet.launcher.report import VERSION_KEYS
+from macfleet.netaddr import over_wifi
 
 SLOW_GBIT_S = 2.0      # below this a link is probably Wi-Fi or a congested LAN
 HIGH_LATENCY_US = 1000.0
@@ -64,14 +65,19 @@ def run_doctor(cfg: LaunchConfig) -> int:
                 problems.append("slow link")
         if not probe:
             problems.append("probe failed")
+        hello = coord.hellos.get(i, {})
+        address = str(hello.get("data_addr", "?")) + (f" on {hello['link']}" if hello.get("link") else "")
+        if len(cfg.hosts) > 1 and over_wifi(hello.get("link")):
+            problems.append("Wi-Fi")
         rows.append([host.ssh_target, "ok", str(facts[i].get("python")), str(facts[i].get("torch")),
-                     str(facts[i].get("macfleet")), device, str(coord.hellos.get(i, {}).get("data_addr", "?")),
+                     str(facts[i].get("macfleet")), device, address,
                      f"-> {cfg.hosts[(i + 1) % len(cfg.hosts)].name}: {link}" if len(cfg.hosts) > 1 else "-",
                      "!! " + ", ".join(problems) if problems else "ok"])
         if any("differs" in p for p in problems):
             advice.append(f"{host.name}: install the same torch and macfleet versions as the other hosts")
-        if "slow link" in problems:
-            advice.append(f"{host.name}: its link looks like Wi-Fi or a busy LAN; connect the Macs with Thunderbolt "
+        if "slow link" in problems or "Wi-Fi" in problems:
+            looks = "is Wi-Fi" if "Wi-Fi" in problems else "looks like Wi-Fi or a busy LAN"
+            advice.append(f"{host.name}: its link {looks}; connect the Macs with Thunderbolt "
                           f"or Ethernet and give that address as addr= in a hostfile (or --data-iface bridge0)")
         if "no GPU" in problems:
             advice.append(f"{host.name}: torch sees no MPS/CUDA device; this host would train on its CPU")

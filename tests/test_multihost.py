@@ -402,6 +402,17 @@ def test_doctor_prints_a_table_with_every_link(sshd) -> None:
     assert bad.returncode == 1 and "unreachable" in bad.stdout
 
 
+def test_doctor_names_the_interface_each_host_trains_over(netns_hosts) -> None:
+    hosts, server = netns_hosts
+    out = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hosts",
+                          ",".join(h.addr for h in hosts), *server.launch_options(), "--megabytes", "8"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for host in hosts:
+        row = next(line for line in out.stdout.splitlines() if line.startswith(host.addr + " "))
+        assert f" {host.addr} on {host.veth} " in row, row
+
+
 def test_collectives_across_network_namespaces(netns_hosts, tmp_path) -> None:
     """Each "host" has its own network stack; traffic crosses real veth links and a bridge."""
     hosts, server = netns_hosts
