@@ -82,6 +82,13 @@ class JobOutcome:
     left_out: dict[int, str] = field(default_factory=dict)
 
 
+@dataclass
+class Unreached:
+    """Hosts (index -> why) whose agents could not be started: ssh failed, or no answer."""
+    hosts: dict[int, str] = field(default_factory=dict)
+    first: bool = False  # one of them was the job's first failure
+
+
 def log(message: str) -> None:
     print(f"macfleet: {message}", file=sys.stderr, flush=True)
 
@@ -179,14 +186,13 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
                 coord.fail(Failure(time.time(), f"cannot start the agent for {host.name}: {exc}"))
                 break
             rank_base += host.slots
-        unreached: dict[int, str] = {}
+        unreached = Unreached()
         _supervise(cfg, coord, agents, interrupted, stdin, unreached)
-        left_out = _left_out(cfg, coord, unreached, interrupted)
-        if left_out:  # no report: the job goes on without them (run_on_reachable_hosts)
-            return JobOutcome(1, coord, left_out=left_out)
-        if cfg.min_hosts is not None and unreached and not coord.started:
-            log(f"{len(cfg.hosts) - len(unreached)} of {len(cfg.hosts)} hosts could be reached, fewer than "
-                f"--min-hosts {cfg.min_hosts}")
+        if cfg.min_hosts is not None and unreached.first and not coord.started and not interrupted:
+            reached = len(cfg.hosts) - len(unreached.hosts)
+            if reached >= cfg.min_hosts:  # no report: the job goes on without them (run_on_reachable_hosts)
+                return JobOutcome(1, coord, left_out=unreached.hosts)
+            log(f"{reached} of {len(cfg.hosts)} hosts could be reached, fewer than --min-hosts {cfg.min_hosts}")
         return JobOutcome(_result(cfg, coord, interrupted), coord, bool(interrupted))
     finally:
         for agent in agents:
@@ -198,9 +204,9 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
 
 
 def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], interrupted: list[int],
-               stdin: StdinRelay | None, unreached: dict[int, str]) -> None:
-    """Until the job has ended. ``unreached`` gets the hosts (index -> why) whose agents could
-    not be started, when that was the job's first failure."""
+               stdin: StdinRelay | None, unreached: Unreached) -> None:
+    """Until the job has ended, noting in ``unreached`` the hosts whose agents could not be
+    started."""
     started_at = time.monotonic()
     abort_at: float | None = None
     ended_well: dict[int, float] = {}  # agent -> when its process was seen ended before its goodbye arrived
@@ -221,8 +227,9 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
             elif time.monotonic() - started_at > cfg.start_timeout_s:
                 missing = [i for i in range(len(agents)) if i not in coord.hellos]
                 silent = f"within {cfg.start_timeout_s:.0f} s"
-                unreached.update({i: f"no agent answered from {agents[i].host.name} {silent}"
-                                  for i in missing if not agents[i].host.is_local})
+                unreached.hosts.update({i: f"no agent answered from {agents[i].host.name} {silent}"
+                                        for i in missing if not agents[i].host.is_local})
+                unreached.first = all(not agents[i].host.is_local for i in missing)
                 coord.fail(Failure(time.time(), f"no agent answered from "
                                                 f"{', '.join(agents[i].host.name for i in missing)} {silent}"))
         if not ring_shown and len(coord.registered) == cfg.world_size:
@@ -235,11 +242,11 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
                         f"waits on a link 10-50x slower than a cable. Connect the Macs with Thunderbolt or Ethernet "
                         f"and train over that address (addr= in a hostfile, or --data-iface; README: Several Macs)")
         for index, agent in enumerate(agents):
-            if agent.proc.poll() is not None and index not in coord.hellos and index not in unreached and \
+            if agent.proc.poll() is not None and index not in coord.hellos and index not in unreached.hosts and \
                     not agent.host.is_local and agent.proc.returncode == 255:
                 # ssh's own failure (no connection, no login), even after another host's: each one
                 # that --min-hosts goes on without, at once
-                unreached[index] = _agent_lost(agent, reached=False, waited_s=cfg.heartbeat_timeout_s)
+                unreached.hosts[index] = _agent_lost(agent, reached=False, waited_s=cfg.heartbeat_timeout_s)
             if agent.proc.poll() is not None and index not in coord.agents_done and coord.aborted is None:
                 # Code 0: its ranks all finished and it said goodbye before it ended. Over a link
                 # that was lost for a while, ssh's word of the end can come first: TCP's backoff
@@ -248,7 +255,8 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
                 if agent.proc.returncode == 0 and index in coord.hellos and \
                         time.monotonic() - since < cfg.heartbeat_timeout_s:
                     continue
-                coord.fail(Failure(time.time(), unreached.get(index) or _agent_lost(
+                unreached.first = index in unreached.hosts
+                coord.fail(Failure(time.time(), unreached.hosts.get(index) or _agent_lost(
                     agent, reached=index in coord.hellos, waited_s=cfg.heartbeat_timeout_s)))
             if f"agent-{index}" in coord.lost and agent.proc.poll() is None:
                 # Unreachable: nothing we send arrives. Its agent stops its ranks by itself when we
@@ -264,16 +272,6 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
             log("agents did not stop in time; killing them")
             break
     _drained(agents)  # what they wrote last (a rank's traceback), before the report
-
-
-def _left_out(cfg: LaunchConfig, coord: Coordinator, unreached: dict[int, str],
-              interrupted: list[int]) -> dict[int, str]:
-    """The hosts to go on without: those that could not be reached, if that alone kept the job
-    from starting and ``--min-hosts`` of the hosts remain."""
-    root = coord.root_cause()
-    if cfg.min_hosts is None or coord.started or interrupted or root is None or root.reason not in unreached.values():
-        return {}
-    return unreached if len(cfg.hosts) - len(unreached) >= cfg.min_hosts else {}
 
 
 def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> None:
