@@ -13,6 +13,7 @@ import sys
 import zmq
 
 SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's (primary) IPv4 address
+WIFI = "Wi-Fi"  # what link_of calls a wireless link, as System Settings does
 PROBE_TIMEOUT_S = 3.0
 # macOS asks whether an unsigned program such as Python may accept incoming connections; on a
 # Mac nobody sits at (reached over ssh) nobody answers, and the connections are dropped.
@@ -111,10 +112,8 @@ def link_of(addr: str) -> str | None:
 
 
 def over_wifi(link: str | None) -> bool:
-    return bool(link) and link.endswith(f"({WIFI})")
-
-
-WIFI = "Wi-Fi"
+    """Whether a link from ``link_of`` is Wi-Fi."""
+    return link is not None and link.endswith(f"({WIFI})")
 
 
 def _link_kind(iface: str) -> str | None:
