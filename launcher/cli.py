@@ -99,11 +99,11 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
     wrong = knobs.problems({**os.environ, **env})  # before any rank starts, once, not once a rank
     if wrong:
         raise click.UsageError("; ".join(wrong))
-    cwd = os.path.abspath(cwd or os.getcwd())
+    cwd = cwd if in_home(cwd) else os.path.abspath(cwd or os.getcwd())  # ~/...: each host's own home
     if any(h.is_local for h in host_list):  # remote hosts' agents report their own
-        if not os.path.isdir(cwd):
+        if not os.path.isdir(os.path.expanduser(cwd)):
             raise click.BadParameter(f"no such directory: {cwd}", param_hint="--cwd")
-        if shutil.which(python) is None:
+        if shutil.which(os.path.expanduser(python)) is None:
             raise click.BadParameter(f"no such program: {python}", param_hint="--python")
     return LaunchConfig(hosts=host_list, script=script, args=list(script_args), python=python,
                         cwd=cwd, env=env, ssh=ssh, data_addr=data_addr,
@@ -166,7 +166,7 @@ def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, me
                                  param_hint="--min-hosts")
     cfg.min_hosts = min_hosts
     if log_dir is not None and any(h.is_local for h in cfg.hosts):  # the others' agents check theirs
-        directory = os.path.join(cfg.cwd, log_dir)
+        directory = os.path.join(os.path.expanduser(cfg.cwd), log_dir)
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
@@ -176,9 +176,21 @@ def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, me
     sys.exit(run_with_restarts(cfg, max_restarts))
 
 
+def in_home(path: str | None) -> bool:
+    """Whether ``path`` is given relative to a home directory (``~/proj``): each host's own."""
+    return path is not None and (path == "~" or path.startswith("~/"))
+
+
 def _find_script(script: str, cwd: str | None) -> str:
     """The script's absolute path: as given, else (relative) in ``--cwd``, where the ranks run
-    it, as ``cd CWD && python SCRIPT`` would."""
+    it, as ``cd CWD && python SCRIPT`` would. Under a ``--cwd`` in the home directory, its path
+    from there: each host finds it under its own home."""
+    if in_home(cwd):
+        assert cwd is not None
+        here = os.path.realpath(os.path.expanduser(cwd))
+        found = os.path.realpath(script if os.path.isfile(script) else os.path.join(here, script))
+        if os.path.isfile(found) and os.path.commonpath([found, here]) == here:
+            return os.path.relpath(found, here)
     if os.path.isfile(script):
         return os.path.abspath(script)
     if cwd is not None and not os.path.isabs(script) and os.path.isfile(os.path.join(cwd, script)):

@@ -98,8 +98,9 @@ def start_agent(spec: AgentSpec, host: Host, cfg: LaunchConfig) -> AgentProc:
     tells the agent that we (or the ssh connection) died."""
     command = [spec.python, "-m", "macfleet.workers.agent"]
     if host.is_local:
+        command[0] = os.path.expanduser(command[0])  # a ~/ path: this Mac's home, as a remote shell does
         proc = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                cwd=spec.cwd)
+                                cwd=os.path.expanduser(spec.cwd))
     else:
         proc = subprocess.Popen(ssh_command(host, cfg.ssh, spec.cwd, command), stdin=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)

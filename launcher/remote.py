@@ -43,9 +43,21 @@ def find_this_machine(hosts: list[Host], ssh: SshOptions) -> list[Host]:
 
 
 def ssh_command(host: Host, ssh: SshOptions, cwd: str, command: list[str]) -> list[str]:
-    """``ssh ... host 'cd CWD && exec COMMAND'`` with every word quoted for the remote shell."""
-    remote = f"cd {shlex.quote(cwd)} && exec {shlex.join(command)}"
+    """``ssh ... host 'cd CWD && exec COMMAND'`` with every word quoted for the remote shell,
+    but for a leading ``~/`` of the directory and of the program: that host's home."""
+    program, *args = command
+    remote = f"cd {home_quote(cwd)} && exec {' '.join([home_quote(program), *map(shlex.quote, args)])}"
     return [*ssh.base(), host.ssh_target, remote]
+
+
+def home_quote(path: str) -> str:
+    """``path`` quoted for a shell, its leading ``~`` or ``~/`` left for the shell to expand:
+    Macs whose users have different names keep a project at the same place in each home."""
+    if path == "~":
+        return path
+    if path.startswith("~/"):
+        return "~/" + shlex.quote(path[2:])
+    return shlex.quote(path)
 
 
 def is_this_machine(host: Host, ssh: SshOptions) -> bool:

@@ -432,6 +432,34 @@ def test_collectives_across_network_namespaces(netns_hosts, tmp_path) -> None:
         assert torch.allclose(got[name], want[name], atol=1e-5, rtol=0), name
 
 
+def test_a_cwd_and_python_in_the_home_directory_are_each_host_s_own(sshd) -> None:
+    """Macs whose users have different names: ``--cwd '~/proj' --python '~/venv/bin/python'``
+    (quoted) is each host's home. The launcher made an absolute path of it ("/here/~/proj"),
+    and quoted it for the remote shell, which then did not expand it either. Here every host's
+    home is the same one, so the test can only show that the shells and the agents expand it
+    (this machine's launching host, 127.0.0.1, without ssh; the others through ssh)."""
+    import sys
+    import uuid
+
+    name = f".macfleet-test-{uuid.uuid4().hex[:8]}"
+    home = Path.home() / name
+    home.mkdir()
+    try:
+        shutil.copy(BEHAVE, home / "behave.py")
+        python = home / "python"  # a program at a path that only exists from the home directory
+        python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+        python.chmod(0o755)
+        job = run_launch("--hosts", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(),
+                         "--cwd", f"~/{name}", "--python", f"~/{name}/python", "behave.py", "-1", "env",
+                         cwd=str(home))
+        assert job.code == 0, job.output
+        seen = [json.loads(line.split(" ENV ", 1)[1]) for line in job.stdout.splitlines() if " ENV " in line]
+        assert sorted(fields["RANK"] for fields in seen) == ["0", "1", "2"], job.output
+        assert all(fields["cwd"] == str(home) for fields in seen), seen
+    finally:
+        shutil.rmtree(home)
+
+
 def test_environment_and_working_directory_reach_remote_ranks(sshd, tmp_path) -> None:
     job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(), "--env", "EXTRA_ONE=a b'c",
                      "--cwd", str(tmp_path), BEHAVE, "-1", "env", env={"MACFLEET_TEST_FORWARDED": "yes"})

@@ -13,6 +13,7 @@ On a Mac it keeps the Mac from sleeping while its ranks run (``macfleet.workers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -199,7 +200,9 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: st
 
 class Agent:
     def __init__(self, spec: AgentSpec) -> None:
-        self.spec = spec
+        # --cwd and --python may be given as ~/...: each host's own home (remote.home_quote)
+        self.spec = spec = dataclasses.replace(spec, cwd=os.path.expanduser(spec.cwd),
+                                               python=os.path.expanduser(spec.python))
         self.ctx = zmq.Context()
         self.client = ControlClient(self.ctx, spec.coordinator, bytes.fromhex(spec.secret_hex), spec.job_id,
                                     f"agent-{spec.host_index}")
