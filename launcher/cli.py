@@ -185,8 +185,7 @@ def _find_script(script: str, cwd: str | None) -> str:
     """The script's absolute path: as given, else (relative) in ``--cwd``, where the ranks run
     it, as ``cd CWD && python SCRIPT`` would. Under a ``--cwd`` in the home directory, its path
     from there: each host finds it under its own home."""
-    if in_home(cwd):
-        assert cwd is not None
+    if cwd is not None and in_home(cwd):
         here = os.path.realpath(os.path.expanduser(cwd))
         found = os.path.realpath(script if os.path.isfile(script) else os.path.join(here, script))
         if os.path.isfile(found) and os.path.commonpath([found, here]) == here:

@@ -15,7 +15,7 @@ from macfleet.launcher.hosts import Host
 from macfleet.launcher.launch import LaunchConfig, run_job
 from macfleet.launcher.remote import ssh_command
 from macfleet.launcher.report import VERSION_KEYS
-from macfleet.netaddr import over_wifi
+from macfleet.netaddr import CABLE_ADVICE, over_wifi
 
 SLOW_GBIT_S = 2.0      # below this a link is probably Wi-Fi or a congested LAN
 HIGH_LATENCY_US = 1000.0
@@ -77,8 +77,7 @@ def run_doctor(cfg: LaunchConfig) -> int:
             advice.append(f"{host.name}: install the same torch and macfleet versions as the other hosts")
         if "slow link" in problems or "Wi-Fi" in problems:
             looks = "is Wi-Fi" if "Wi-Fi" in problems else "looks like Wi-Fi or a busy LAN"
-            advice.append(f"{host.name}: its link {looks}; connect the Macs with Thunderbolt "
-                          f"or Ethernet and give that address as addr= in a hostfile (or --data-iface bridge0)")
+            advice.append(f"{host.name}: its link {looks}; {CABLE_ADVICE}")
         if "no GPU" in problems:
             advice.append(f"{host.name}: torch sees no MPS/CUDA device; this host would train on its CPU")
     print(_table(["host", "ssh", "python", "torch", "macfleet", "device", "data address", "ring link", "status"], rows))

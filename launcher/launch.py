@@ -24,7 +24,7 @@ from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
 from macfleet.lines import WholeLines, pieces
-from macfleet.netaddr import over_wifi, route_source
+from macfleet.netaddr import CABLE_ADVICE, over_wifi, route_source
 from macfleet.launcher.report import failure_report, facts_table, pace_report, versions_differ
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.protocol import AgentSpec
@@ -240,8 +240,7 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
                 wifi = [agents[i].host.name for i, hello in sorted(coord.hellos.items()) if over_wifi(hello.get("link"))]
                 if wifi:
                     log(f"{', '.join(wifi)} train{'s' if len(wifi) == 1 else ''} over Wi-Fi: every step "
-                        f"waits on a link 10-50x slower than a cable. Connect the Macs with Thunderbolt or Ethernet "
-                        f"and train over that address (addr= in a hostfile, or --data-iface; README: Several Macs)")
+                        f"waits on a link 10-50x slower than a cable; {CABLE_ADVICE}")
         for index, agent in enumerate(agents):
             if agent.proc.poll() is not None and index not in coord.hellos and index not in unreached.hosts and \
                     not agent.host.is_local and agent.proc.returncode == 255:

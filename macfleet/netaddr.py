@@ -19,6 +19,8 @@ PROBE_TIMEOUT_S = 3.0
 # Mac nobody sits at (reached over ssh) nobody answers, and the connections are dropped.
 FIREWALL_ADVICE = ("A firewall on that Mac may block incoming connections: allow them for Python (macOS: System "
                    "Settings > Network > Firewall > Options) or turn it off")
+CABLE_ADVICE = ("connect the Macs with Thunderbolt or Ethernet and train over that address (addr= in a hostfile, "
+                "or --data-iface bridge0; README: Several Macs)")
 
 
 def allow_ipv6(sock: zmq.Socket, address: str) -> None:
