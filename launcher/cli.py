@@ -15,7 +15,7 @@ import click
 
 from macfleet import knobs
 from macfleet.env import DEVICES
-from macfleet.launcher.hosts import Host, data_address, parse_hostfile, parse_hosts
+from macfleet.launcher.hosts import Host, data_addresses, parse_hostfile, parse_hosts
 from macfleet.launcher.launch import LaunchConfig, run_with_restarts
 from macfleet.launcher.remote import SshOptions, find_this_machine
 
@@ -34,7 +34,7 @@ def host_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--hosts", default=None, metavar="[USER@]HOST[:SLOTS],...",
                      help="Hosts in rank order, e.g. mac1:2,mac2:2. Default: this Mac only."),
         click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
-                     help="Hosts from a file: 'host slots=N [addr=IP]' per line, # comments."),
+                     help="Hosts from a file: 'host slots=N [addr=IP[,IP...]]' per line, # comments."),
         click.option("--ssh-port", type=click.IntRange(1, 65535), default=None, help="ssh port of the remote hosts."),
         click.option("--ssh-identity", type=click.Path(dir_okay=False), default=None, help="ssh private key."),
         click.option("--ssh-option", "ssh_options", multiple=True, metavar="KEY=VALUE",
@@ -44,7 +44,8 @@ def host_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--python", "python", default=sys.executable, show_default=True,
                      help="Python interpreter on the hosts (with macfleet and torch installed)."),
         click.option("--cwd", default=None, help="Working directory on every host [default: the current one]."),
-        click.option("--data-addr", default=None, help="This Mac's data-plane address (e.g. a Thunderbolt bridge IP)."),
+        click.option("--data-addr", default=None, metavar="IP[,IP...]",
+                     help="This Mac's data-plane address (e.g. a Thunderbolt bridge IP), or one per cable."),
         click.option("--data-iface", default=None, help="Train over this interface on every host (e.g. bridge0)."),
         click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Extra environment for every rank."),
     ]
@@ -74,9 +75,10 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
         # Horovod's -np is a total, ours the slots of the hosts given without any: a silent no-op
         raise click.UsageError(f"--nproc {nproc} gives the slots of hosts listed without any, and every host "
                                f"has its own ({total} ranks in all): drop --nproc, or a host's slots")
+    data_addrs: tuple[str, ...] = ()
     if data_addr is not None:
         try:
-            data_addr = data_address(data_addr, "")
+            data_addrs = data_addresses(data_addr, "")
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--data-addr") from None
     for option in ssh_options:
@@ -106,7 +108,7 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
         if shutil.which(os.path.expanduser(python)) is None:
             raise click.BadParameter(f"no such program: {python}", param_hint="--python")
     return LaunchConfig(hosts=host_list, script=script, args=list(script_args), python=python,
-                        cwd=cwd, env=env, ssh=ssh, data_addr=data_addr,
+                        cwd=cwd, env=env, ssh=ssh, data_addrs=data_addrs,
                         data_iface=data_iface, **rest)
 
 
@@ -227,7 +229,7 @@ def doctor(megabytes: int, **hosts: Any) -> None:
     hosts["nproc"] = 1  # one rank per host: the probe measures links between hosts
     cfg = make_config("-m", ["macfleet.workers.linkprobe", "--megabytes", str(megabytes)],
                       allow_version_mismatch=True, device="cpu", **hosts)
-    cfg.hosts = [Host(h.name, 1, h.user, h.addr) for h in cfg.hosts]
+    cfg.hosts = [Host(h.name, 1, h.user, h.addrs) for h in cfg.hosts]
     sys.exit(run_doctor(cfg))
 
 

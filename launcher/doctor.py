@@ -66,7 +66,8 @@ def run_doctor(cfg: LaunchConfig) -> int:
         if not probe:
             problems.append("probe failed")
         hello = coord.hellos.get(i, {})
-        address = str(hello.get("data_addr", "?")) + (f" on {hello['link']}" if hello.get("link") else "")
+        address = ",".join(hello.get("data_addrs") or [hello.get("data_addr", "?")])
+        address += f" on {hello['link']}" if hello.get("link") else ""
         if len(cfg.hosts) > 1 and over_wifi(hello.get("link")):
             problems.append("Wi-Fi")
         rows.append([host.ssh_target, "ok", str(facts[i].get("python")), str(facts[i].get("torch")),

@@ -5,6 +5,7 @@ Hostfile example (``#`` starts a comment, blank lines are ignored)::
     # ssh name      slots     data-plane address (optional; e.g. a Thunderbolt bridge IP)
     mini1.local     slots=2   addr=169.254.10.2
     alice@mini2     slots=1   max_slots=1   # OpenMPI's cap: more ranks asked of it is an error
+    studio3         slots=1   addr=192.168.1.2,192.168.2.1   # one address per cable, as MLX's rings
 
 Parsers raise ``ValueError`` with a message naming the bad entry; the CLI turns it into a
 one-line usage error.
@@ -25,8 +26,15 @@ class Host:
     name: str          # what ssh is given (or "localhost")
     slots: int         # training processes on this host
     user: str | None = None
-    addr: str | None = None  # data-plane address, when the ssh name is not the one to train over
+    # data-plane addresses, when the ssh name is not the one to train over: one, or one per cable
+    # where each Thunderbolt cable has a subnet of its own; the first is the host's main one
+    addrs: tuple[str, ...] = ()
     here: bool = False  # the name is this machine's (see remote.is_this_machine)
+
+    @property
+    def addr(self) -> str | None:
+        """The main data address (torch.distributed's store, on host 0, listens there)."""
+        return self.addrs[0] if self.addrs else None
 
     @property
     def is_local(self) -> bool:
@@ -38,7 +46,7 @@ class Host:
         return f"{self.user}@{self.name}" if self.user else self.name
 
 
-def _host(text: str, slots: int, addr: str | None, where: str) -> Host:
+def _host(text: str, slots: int, addrs: tuple[str, ...], where: str) -> Host:
     m = _NAME.match(text)
     if not m and "%" in text:  # fe80::1%en0: the interface is one of this Mac's, not the others'
         raise ValueError(f"{where}: {text!r} is a link-local IPv6 address, which names an interface of this Mac "
@@ -47,7 +55,7 @@ def _host(text: str, slots: int, addr: str | None, where: str) -> Host:
         raise ValueError(f"{where}: {text!r} is not a host name (expected [user@]host)")
     if slots < 1:
         raise ValueError(f"{where}: slots must be at least 1, not {slots}")
-    return Host(name=m["host"].strip("[]"), slots=slots, user=m["user"], addr=addr)
+    return Host(name=m["host"].strip("[]"), slots=slots, user=m["user"], addrs=addrs)
 
 
 def parse_hosts(text: str, default_slots: int = 1) -> list[Host]:
@@ -62,7 +70,7 @@ def parse_hosts(text: str, default_slots: int = 1) -> list[Host]:
             name, slots = entry, ""
         if slots and not slots.isdigit():
             raise ValueError(f"{where}: slots {slots!r} in {entry!r} is not a whole number")
-        hosts.append(_host(name, int(slots) if slots else default_slots, None, where))
+        hosts.append(_host(name, int(slots) if slots else default_slots, (), where))
     _check_unique(hosts)
     return hosts
 
@@ -76,21 +84,21 @@ def parse_hostfile(path: str, default_slots: int = 1) -> list[Host]:
                 continue
             where = f"{path}:{number}"
             name, *options = line.split()
-            slots, addr, cap = default_slots, None, None
+            slots, addrs, cap = default_slots, (), None
             for option in options:
                 key, sep, value = option.partition("=")
                 if key == "slots" and sep and value.isdigit():
                     slots = int(value)
                 elif key == "addr" and sep and value:
-                    addr = data_address(value, f"{where}: addr=")
+                    addrs = data_addresses(value, f"{where}: addr=")
                 elif key in ("max_slots", "max-slots") and sep and value.isdigit():
                     cap = int(value)  # OpenMPI's cap: a job that asks this host for more is refused
                 else:
-                    raise ValueError(f"{where}: cannot read {option!r} (expected slots=N or addr=IP)")
+                    raise ValueError(f"{where}: cannot read {option!r} (expected slots=N or addr=IP[,IP...])")
             if cap is not None and slots > cap:
                 raise ValueError(f"{where}: {slots} ranks asked of {name}, over its max_slots={cap} "
                                  f"(give it slots=N of at most {cap}, or a smaller --nproc)")
-            hosts.append(_host(name, slots, addr, where))
+            hosts.append(_host(name, slots, addrs, where))
     if not hosts:
         raise ValueError(f"{path}: no hosts")
     _check_unique(hosts)
@@ -106,6 +114,17 @@ def data_address(text: str, what: str) -> str:
     except ValueError:
         raise ValueError(f"{what}{text} is not an IP address (give the address to train over, such as a "
                          f"Thunderbolt bridge's 169.254.x.x; --data-iface picks it by interface)") from None
+
+
+def data_addresses(text: str, what: str) -> tuple[str, ...]:
+    """``a,b``: a host's data-plane addresses, each checked as ``data_address`` does. Several
+    are for a Mac cabled to more than one other, one subnet per cable: each neighbour then
+    connects to the address on the subnet it shares with this Mac."""
+    addrs = tuple(data_address(part, what) for part in text.split(","))
+    repeated = sorted({a for a in addrs if addrs.count(a) > 1})
+    if repeated:
+        raise ValueError(f"{what}{text} lists {', '.join(repeated)} more than once")
+    return addrs
 
 
 def _check_unique(hosts: list[Host]) -> None:

@@ -45,7 +45,7 @@ class LaunchConfig:
     cwd: str = field(default_factory=os.getcwd)
     env: dict[str, str] = field(default_factory=dict)
     ssh: SshOptions = field(default_factory=SshOptions)
-    data_addr: str | None = None   # the launching host's data-plane address
+    data_addrs: tuple[str, ...] = ()  # the launching host's data-plane address (or one per cable)
     data_iface: str | None = None  # every host binds to this interface's address
     allow_version_mismatch: bool = False
     heartbeat_timeout_s: float = 10.0
@@ -130,19 +130,20 @@ def _relay_stderr(agent: AgentProc) -> None:
             agent.tail.append(line)
 
 
-def plan_addresses(cfg: LaunchConfig) -> tuple[list[str], list[str], list[str]]:
-    """For each host: the data-plane address and the coordinator address its agent connects to;
-    plus the addresses the coordinator binds (never all interfaces)."""
+def plan_addresses(cfg: LaunchConfig) -> tuple[list[list[str]], list[str], list[str]]:
+    """For each host: its data-plane addresses (none: its agent picks the one routing to us) and
+    the coordinator address its agent connects to; plus the addresses the coordinator binds
+    (never all interfaces)."""
     resolved = [None if h.is_local else resolve(h, cfg.ssh) for h in cfg.hosts]
     remote_ips = [ip for ip in resolved if ip]
     data, control = [], []
     for host, ip in zip(cfg.hosts, resolved, strict=True):
         if host.is_local:
             default = route_source(remote_ips[0]) if remote_ips else "127.0.0.1"
-            data.append(host.addr or cfg.data_addr or default)
+            data.append(list(host.addrs or cfg.data_addrs or [default]))
             control.append("127.0.0.1")
         else:
-            data.append(host.addr or ip or "")  # "": the agent picks the address routing to us
+            data.append(list(host.addrs) or ([ip] if ip else []))
             control.append(route_source(ip) if ip else "0.0.0.0")
     binds = sorted(set(control))
     if "0.0.0.0" in binds:
@@ -174,7 +175,7 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
             connect = control_addrs[index] if control_addrs[index] != "0.0.0.0" else ""
             spec = AgentSpec(
                 job_id=job_id, coordinator=coord.endpoint_for(connect), secret_hex=secret.hex(),
-                host_index=index, host=host.name, data_addr=data_addrs[index], data_iface=cfg.data_iface,
+                host_index=index, host=host.name, data_addrs=data_addrs[index], data_iface=cfg.data_iface,
                 rank_base=rank_base, slots=host.slots, world_size=cfg.world_size, script=cfg.script,
                 args=list(cfg.args), device=cfg.device, seed=cfg.seed, memory_fraction=cfg.memory_fraction,
                 cwd=cfg.cwd, python=cfg.python, restart_count=cfg.restart_count, env={**forwarded, **cfg.env},
@@ -281,7 +282,7 @@ def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> No
         log("hosts disagree on versions (--allow-version-mismatch to run anyway):\n" + facts_table(names, facts))
         coord.fail(Failure(time.time(), "hosts run different torch or macfleet versions"))
         return
-    coord.start_agents(master_addr=coord.hellos[0].get("data_addr") or agents[0].spec.data_addr)
+    coord.start_agents(master_addr=str(coord.hellos[0].get("data_addr", "")))
 
 
 def _drained(agents: list[AgentProc]) -> None:

@@ -25,7 +25,8 @@ MACFLEET_MEMORY_FRACTION           this process's share of the GPU's memory (0 =
 MACFLEET_ERROR_FILE                where an uncaught exception is written as JSON
 MACFLEET_STACKS_FILE               where faulthandler dumps the rank's stacks when its agent asks
                                    (SIGUSR2): a rank that holds the GIL for good cannot answer
-MACFLEET_DATA_ADDR                 the address this host's ring sockets bind to
+MACFLEET_DATA_ADDR                 the addresses this host's ring sockets bind to, comma-separated,
+                                   the main one first (several: one subnet per cable)
 MACFLEET_HOST                      this host's name in the job (for messages)
 MACFLEET_AGENT_PID                 the agent's pid: a worker whose parent is gone stops itself
 MACFLEET_AGENT_FD                  a pipe that only the agent can write to, and never does: at its
@@ -85,7 +86,7 @@ class WorkerEnv:
     seed: int = 0
     memory_fraction: float | None = None
     error_file: str | None = None
-    data_addr: str = "127.0.0.1"
+    data_addrs: tuple[str, ...] = ("127.0.0.1",)  # the main one first
     host: str = "localhost"
     agent_pid: int | None = None
     secret: bytes = b""
@@ -131,7 +132,7 @@ class WorkerEnv:
             seed=integer("MACFLEET_SEED", 0),
             memory_fraction=fraction,
             error_file=env.get("MACFLEET_ERROR_FILE") or None,
-            data_addr=env.get("MACFLEET_DATA_ADDR", "127.0.0.1") or "127.0.0.1",
+            data_addrs=tuple(a for a in env.get("MACFLEET_DATA_ADDR", "").split(",") if a) or ("127.0.0.1",),
             host=env.get("MACFLEET_HOST", "localhost") or "localhost",
             agent_pid=integer("MACFLEET_AGENT_PID", 0) or None,
             secret=bytes.fromhex(env.get("MACFLEET_JOB_SECRET", "")),

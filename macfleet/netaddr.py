@@ -113,9 +113,31 @@ def link_of(addr: str) -> str | None:
     return f"{iface} ({kind})" if kind else iface
 
 
+def links_of(addrs: list[str]) -> str | None:
+    """``link_of`` each address, joined with commas; None if no interface holds any of them."""
+    links = [link_of(addr) for addr in addrs]
+    return ",".join(link or "?" for link in links) if any(links) else None
+
+
 def over_wifi(link: str | None) -> bool:
-    """Whether a link from ``link_of`` is Wi-Fi."""
-    return link is not None and link.endswith(f"({WIFI})")
+    """Whether a link from ``link_of`` (or any of ``links_of``'s) is Wi-Fi."""
+    return link is not None and f"({WIFI})" in link
+
+
+def nearest(endpoints: list[str], own: list[str]) -> str | None:
+    """Of a peer's ``endpoints`` (one per data address), the one this Mac reaches from one of its
+    ``own`` data addresses: with one subnet per Thunderbolt cable, the address on the cable
+    between the two. The only one if there is one; None if none is."""
+    if len(endpoints) == 1:
+        return endpoints[0]
+    for endpoint in endpoints:
+        try:
+            source = route_source(split_endpoint(endpoint)[0])
+        except OSError:  # no route at all: a subnet this Mac has no cable to
+            continue
+        if any(_same_address(source, addr) for addr in own):
+            return endpoint
+    return None
 
 
 def _link_kind(iface: str) -> str | None:
@@ -173,6 +195,12 @@ def _kernel_addresses() -> list[tuple[str, str]]:
 
 def _same_address(a: str, b: str) -> bool:
     try:
-        return ipaddress.ip_address(a) == ipaddress.ip_address(b.strip("[]"))
+        return _unmapped(ipaddress.ip_address(a.strip("[]"))) == _unmapped(ipaddress.ip_address(b.strip("[]")))
     except ValueError:
         return False
+
+
+def _unmapped(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """``::ffff:10.0.0.2`` as ``10.0.0.2``: a socket that allows IPv6 sees IPv4 addresses so."""
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return mapped or addr

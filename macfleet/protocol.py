@@ -73,7 +73,9 @@ class AgentSpec:
     secret_hex: str
     host_index: int
     host: str
-    data_addr: str  # "" = the address this host routes to the coordinator from
+    # The addresses its ranks train over, the main one first; several where each cable has a
+    # subnet of its own. Empty: the address this host routes to the coordinator from.
+    data_addrs: list[str]
     rank_base: int
     slots: int
     world_size: int

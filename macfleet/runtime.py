@@ -120,15 +120,15 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     multi_host = env.world_size > env.local_world_size
     try:
         if env.world_size > 1 and not shared_memory:
-            ring = Ring(data_ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id, liveness,
-                        timeout_s)
+            ring = Ring(data_ctx, env.rank, list(env.data_addrs), streams, MAX_FRAME_BYTES, env.secret, env.job_id,
+                        liveness, timeout_s)
         if shared_memory and env.local_world_size > 1:
             local = LocalGroup(shm_dir or "", env.job_id, env.rank - env.local_rank, env.local_world_size,
                                env.local_rank, knobs.nbytes("MACFLEET_SHM_SLOT_BYTES",
                                                           default_slot_bytes(env.local_world_size)),
                                liveness, timeout_s, objects=segments.use_objects())
         if shared_memory and multi_host and env.local_rank == 0:
-            leaders = Ring(data_ctx, env.rank, env.data_addr, streams, MAX_FRAME_BYTES, env.secret, env.job_id,
+            leaders = Ring(data_ctx, env.rank, list(env.data_addrs), streams, MAX_FRAME_BYTES, env.secret, env.job_id,
                            liveness, timeout_s, name="h")
     except BaseException:
         data_ctx.destroy(linger=0)
@@ -347,7 +347,7 @@ class _ControlThread(threading.Thread):
     def register(self, endpoints: dict[str, str]) -> tuple[dict[int, dict[str, str]], dict[int, int]]:
         """Publish our endpoints; return every rank's endpoints and local rank, once all registered."""
         self.outbox.put((protocol.REGISTER, {"rank": self.env.rank, "endpoints": endpoints, "pid": os.getpid(),
-                                             "host": self.env.host, "data_addr": self.env.data_addr,
+                                             "host": self.env.host, "data_addr": ",".join(self.env.data_addrs),
                                              "local_rank": self.env.local_rank, "device": self.device,
                                              "mps_available": backends.mps_available()}))
         limit = knobs.seconds("MACFLEET_RENDEZVOUS_TIMEOUT", RENDEZVOUS_TIMEOUT_S)

@@ -1,7 +1,8 @@
 """Ring sockets: one channel per (direction, stream), PUSH to the next rank, PULL from the previous.
 
-A rank binds one PULL per channel on its data address and connects one PUSH per channel to
-its neighbour's PULL. Clockwise channels carry data to rank r+1, counter-clockwise ones to
+A rank binds one PULL per channel on its data address (on each, where its Mac has one per
+cable) and connects one PUSH per channel to its neighbour's PULL, at the neighbour's address on
+the subnet they share. Clockwise channels carry data to rank r+1, counter-clockwise ones to
 rank r-1, so both directions of every link carry traffic. Every wait polls with a deadline
 and checks the job's liveness, so a dead or silent peer is an error, never a hang.
 
@@ -86,13 +87,15 @@ class Channel:
     algorithms schedule on (clockwise: the rank; counter-clockwise: the mirrored rank).
     """
 
-    def __init__(self, ctx: zmq.Context, cid: ChannelId, rank: int, data_addr: str, max_frame: int, secret: bytes,
-                 job_id: str, liveness: Liveness, timeout_s: float,
+    def __init__(self, ctx: zmq.Context, cid: ChannelId, rank: int, data_addrs: list[str], max_frame: int,
+                 secret: bytes, job_id: str, liveness: Liveness, timeout_s: float,
                  io_threads: tuple[int, int] | None = None) -> None:
         self.id = cid
         self.rank = rank
         self.next_rank = self.prev_rank = self.position = -1  # see place()
-        self.peer_endpoint = ""  # next_rank's, see connect()
+        self.data_addrs = data_addrs
+        self.peer_endpoints: list[str] = []  # next_rank's, one per data address; see connect()
+        self.peer_endpoint = ""  # the one connected to
         self.secret, self.job_id = secret, job_id
         self.liveness = liveness
         self.timeout_s = timeout_s
@@ -111,9 +114,13 @@ class Channel:
         self.pull.setsockopt(zmq.MAXMSGSIZE, max_frame + HEADER_SLACK)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.setsockopt(zmq.RCVHWM, 0)  # bounded by the schedule; never drop a legit frame
-        netaddr.allow_ipv6(self.pull, data_addr)
-        self.pull.bind(f"tcp://{netaddr.bracket(data_addr)}:*")
-        self.endpoint: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        for addr in data_addrs:  # before any bind: it applies to the socket's later binds
+            netaddr.allow_ipv6(self.pull, addr)
+        bound = []
+        for addr in data_addrs:
+            self.pull.bind(f"tcp://{netaddr.bracket(addr)}:*")
+            bound.append(self.pull.getsockopt_string(zmq.LAST_ENDPOINT))
+        self.endpoint = " ".join(bound)  # what the peer table holds: the previous rank picks one (connect)
         self.push.setsockopt(zmq.LINGER, 0)
         self.push.setsockopt(zmq.SNDHWM, 0)
         self.push.setsockopt(zmq.IMMEDIATE, 1)
@@ -126,18 +133,27 @@ class Channel:
         self.prev_rank = members[(i - step) % n]
         self.position = i if self.id.clockwise else (n - i) % n
 
-    def connect(self, endpoint: str) -> None:
-        self.peer_endpoint = endpoint
-        netaddr.allow_ipv6(self.push, endpoint)
-        self.push.connect(endpoint)
+    def connect(self, endpoints: str) -> None:
+        """Connect to ``next_rank`` at an endpoint it published (``endpoints``, space-separated):
+        where it has several, the one on a subnet this rank's Mac has too (``netaddr.nearest``)."""
+        self.peer_endpoints = endpoints.split()
+        self.peer_endpoint = netaddr.nearest(self.peer_endpoints, self.data_addrs) or self.peer_endpoints[0]
+        netaddr.allow_ipv6(self.push, self.peer_endpoint)
+        self.push.connect(self.peer_endpoint)
 
     def unreachable(self, waited_s: float) -> str:
         """Why this channel has no connection to ``next_rank``, as a user can act on it."""
         address, port = netaddr.split_endpoint(self.peer_endpoint)
-        return (f"rank {self.rank} cannot connect to rank {self.next_rank} at {address} port {port} (its data port) "
-                f"for {waited_s:.0f} s: {netaddr.probe(address, port)}. {netaddr.FIREWALL_ADVICE}; otherwise "
-                f"{address} is not reachable from this Mac (`macfleet doctor` checks every link; --data-iface or "
-                f"addr= in a hostfile choose the address to train over)")
+        said = (f"rank {self.rank} cannot connect to rank {self.next_rank} at {address} port {port} (its data "
+                f"port) for {waited_s:.0f} s: {netaddr.probe(address, port)}. ")
+        if netaddr.nearest(self.peer_endpoints, self.data_addrs) is None:
+            theirs = ", ".join(netaddr.split_endpoint(e)[0] for e in self.peer_endpoints)
+            return said + (f"None of rank {self.next_rank}'s data addresses ({theirs}) is on a subnet of this "
+                           f"Mac's ({', '.join(self.data_addrs)}): where each cable has a subnet of its own, list "
+                           f"the hosts in the order they are cabled, each next to the Macs it has cables to")
+        return said + (f"{netaddr.FIREWALL_ADVICE}; otherwise {address} is not reachable from this Mac (`macfleet "
+                       f"doctor` checks every link; --data-iface or addr= in a hostfile choose the address to "
+                       f"train over)")
 
     def begin(self, op: int) -> None:
         """Start a new collective on this channel: sequence numbers restart per op."""
@@ -257,7 +273,7 @@ class Ring:
     """All channels of this rank in one ring: bound at construction (so the endpoints can be
     published), connected once the peer table says who the members are."""
 
-    def __init__(self, ctx: zmq.Context, rank: int, data_addr: str, streams: int, max_frame: int,
+    def __init__(self, ctx: zmq.Context, rank: int, data_addrs: list[str], streams: int, max_frame: int,
                  secret: bytes, job_id: str, liveness: Liveness, timeout_s: float, name: str = "") -> None:
         self.rank = rank
         self.members: list[int] = []
@@ -266,7 +282,7 @@ class Ring:
         ids = [ChannelId(clockwise, s, name) for s in range(streams) for clockwise in (True, False)]
         threads = ctx.get(zmq.IO_THREADS)
         self.channels = [
-            Channel(ctx, cid, rank, data_addr, max_frame, secret, job_id, liveness, timeout_s,
+            Channel(ctx, cid, rank, data_addrs, max_frame, secret, job_id, liveness, timeout_s,
                     io_threads=((2 * k) % threads, (2 * k + 1) % threads) if threads > 1 else None)
             for k, cid in enumerate(ids)
         ]

@@ -53,24 +53,67 @@ def create(count: int) -> list[NetnsHost]:
     # nodad: usable at once, not after duplicate address detection
     ipv6 = subprocess.run(["ip", "-6", "addr", "add", f"{SUBNET6}:1/64", "dev", BRIDGE, "nodad"],
                           capture_output=True).returncode == 0
-    hosts = []
-    for i in range(1, count + 1):
-        host = NetnsHost(f"mfh{i}", f"{SUBNET}.{i + 1}", f"mfv{i}")
-        _ip("netns", "add", host.name)
-        _ip("link", "add", host.veth, "type", "veth", "peer", "name", f"{host.veth}p")
-        _ip("link", "set", f"{host.veth}p", "master", BRIDGE)
-        _ip("link", "set", f"{host.veth}p", "up")
-        _ip("link", "set", host.veth, "netns", host.name)
-        _ip("netns", "exec", host.name, "ip", "addr", "add", f"{host.addr}/24", "dev", host.veth)
-        _ip("netns", "exec", host.name, "ip", "link", "set", host.veth, "up")
-        _ip("netns", "exec", host.name, "ip", "link", "set", "lo", "up")
-        if ipv6:
-            host.addr6 = f"{SUBNET6}:{i + 1}"
-            # kept while set_link cuts the link: the kernel drops IPv6 addresses of a link that goes down
-            _ip("netns", "exec", host.name, "sysctl", "-w", f"net.ipv6.conf.{host.veth}.keep_addr_on_down=1")
-            _ip("netns", "exec", host.name, "ip", "-6", "addr", "add", f"{host.addr6}/64", "dev", host.veth, "nodad")
-        hosts.append(host)
-    return hosts
+    return [add(i, ipv6) for i in range(1, count + 1)]
+
+
+def add(i: int, ipv6: bool) -> NetnsHost:
+    """Host ``i`` (namespace mfh{i}, 10.77.0.{i + 1}) on the bridge ``create`` made."""
+    remove(i)
+    host = NetnsHost(f"mfh{i}", f"{SUBNET}.{i + 1}", f"mfv{i}")
+    _ip("netns", "add", host.name)
+    _ip("link", "add", host.veth, "type", "veth", "peer", "name", f"{host.veth}p")
+    _ip("link", "set", f"{host.veth}p", "master", BRIDGE)
+    _ip("link", "set", f"{host.veth}p", "up")
+    _ip("link", "set", host.veth, "netns", host.name)
+    _ip("netns", "exec", host.name, "ip", "addr", "add", f"{host.addr}/24", "dev", host.veth)
+    _ip("netns", "exec", host.name, "ip", "link", "set", host.veth, "up")
+    _ip("netns", "exec", host.name, "ip", "link", "set", "lo", "up")
+    if ipv6:
+        host.addr6 = f"{SUBNET6}:{i + 1}"
+        # kept while set_link cuts the link: the kernel drops IPv6 addresses of a link that goes down
+        _ip("netns", "exec", host.name, "sysctl", "-w", f"net.ipv6.conf.{host.veth}.keep_addr_on_down=1")
+        _ip("netns", "exec", host.name, "ip", "-6", "addr", "add", f"{host.addr6}/64", "dev", host.veth, "nodad")
+    return host
+
+
+def remove(i: int) -> None:
+    """Host ``i``'s namespace and its links, bridge and cables alike."""
+    subprocess.run(["ip", "netns", "del", f"mfh{i}"], capture_output=True)
+    subprocess.run(["ip", "link", "del", f"mfv{i}p"], capture_output=True)
+
+
+@dataclass
+class Cable:
+    """A direct link between two hosts, as a Thunderbolt cable between two Macs, with a /30
+    subnet of its own (as MLX's setup gives each cable): ``a``'s end holds ``a_addr``."""
+
+    a: NetnsHost
+    b: NetnsHost
+    a_dev: str
+    b_dev: str
+    a_addr: str
+    b_addr: str
+
+
+def cable(a: NetnsHost, b: NetnsHost, k: int) -> Cable:
+    """Cable ``k`` (veths mfc{k}a and mfc{k}b, subnet 10.78.{k}.0/30) between ``a`` and ``b``.
+    Nothing routes between cables: a host reaches only the subnets of its own cables."""
+    c = Cable(a, b, f"mfc{k}a", f"mfc{k}b", f"10.78.{k}.1", f"10.78.{k}.2")
+    _ip("link", "add", c.a_dev, "netns", a.name, "type", "veth", "peer", "name", c.b_dev, "netns", b.name)
+    for host, dev, addr in ((a, c.a_dev, c.a_addr), (b, c.b_dev, c.b_addr)):
+        _ip("netns", "exec", host.name, "ip", "addr", "add", f"{addr}/30", "dev", dev)
+        _ip("netns", "exec", host.name, "ip", "link", "set", dev, "up")
+    return c
+
+
+def uncable(c: Cable) -> None:
+    subprocess.run([*c.a.exec_prefix(), "ip", "link", "del", c.a_dev], capture_output=True)  # and its other end
+
+
+def tx_bytes(host: NetnsHost, dev: str) -> int:
+    """What ``host`` has sent on its interface ``dev`` so far."""
+    return int(subprocess.run([*host.exec_prefix(), "cat", f"/sys/class/net/{dev}/statistics/tx_bytes"],
+                              capture_output=True, text=True, check=True).stdout)
 
 
 def set_link(host: NetnsHost, up: bool) -> None:
@@ -95,8 +138,7 @@ def set_rate(host: NetnsHost, rate: str | None) -> None:
 
 def destroy(count: int) -> None:
     for i in range(1, count + 1):
-        subprocess.run(["ip", "netns", "del", f"mfh{i}"], capture_output=True)
-        subprocess.run(["ip", "link", "del", f"mfv{i}p"], capture_output=True)
+        remove(i)
     subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import BIN, run_launch, shm_scratch
+from conftest import BIN, Job, run_launch, shm_scratch
 
 FLOATS = ["float32", "float16", "bfloat16", "float64"]
 INTS = ["int8", "uint8", "int16", "int32", "int64"]
@@ -38,7 +38,7 @@ def cases(draw: st.DrawFn) -> dict:
 
 
 def run_cases(tmp_path, world: int, case_list: list[dict], env: dict[str, str] | None = None,
-              hosts: list[str] | None = None) -> None:
+              hosts: list[str] | None = None) -> Job:
     for case in case_list:
         case["src"] %= world
     cases_file = tmp_path / "cases.json"
@@ -54,6 +54,7 @@ def run_cases(tmp_path, world: int, case_list: list[dict], env: dict[str, str] |
     for report in reports:
         assert report["cases"] == len(case_list)
         assert report["failures"] == [], report["failures"][:3]
+    return job
 
 
 # (world size, environment): the paths a collective can take. Tiny chunks and a tiny latency

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import BIN, MNIST, Job, job_processes, kill_group, run_launch, start_launch
+from test_collectives import run_cases
 from test_faults import RunningJob, behave_line
 from test_training import STEPS, reference_parameters
 
@@ -430,6 +431,54 @@ def test_collectives_across_network_namespaces(netns_hosts, tmp_path) -> None:
     got, want = torch.load(tmp_path / "params.pt"), reference_parameters()
     for name in want:
         assert torch.allclose(got[name], want[name], atol=1e-5, rtol=0), name
+
+
+def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_hosts, tmp_path) -> None:
+    """Three Macs in a ring of Thunderbolt cables, each cable with a subnet of its own (MLX's
+    setup): each Mac has two data addresses, and reaches a neighbour only at the address on
+    the cable between them. Each rank sends to both neighbours, each over their cable, and
+    nothing of the data goes over the network the launcher reaches them by (the bridge)."""
+    import netns
+    import sshd as helper
+
+    hosts, server = netns_hosts
+    third = netns.add(3, ipv6=hosts[0].addr6 is not None)
+    servers, cables = [], []
+    try:
+        servers.append(helper.start_sshd(server.identity.parent, [third.addr], port=server.port,
+                                         prefix=third.exec_prefix()))
+        ring = [*hosts, third]
+        cables += [netns.cable(ring[k], ring[(k + 1) % 3], k + 1) for k in range(3)]  # k: ring[k] -> ring[k + 1]
+        # each Mac's main address is on the cable to the next, except the second's: the order
+        # of its addresses must not matter
+        addrs = [[cables[k].a_addr, cables[k - 1].b_addr] for k in range(3)]
+        ends = [[(cables[k].a, cables[k].a_dev), (cables[k - 1].b, cables[k - 1].b_dev)] for k in range(3)]
+        addrs[1].reverse()
+        ends[1].reverse()
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text("".join(f"{h.addr} slots=1 addr={','.join(a)}\n" for h, a in zip(ring, addrs, strict=True)))
+        watched = [*(end for pair in ends for end in pair), *((h, h.veth) for h in ring)]
+        sent = {dev: netns.tx_bytes(h, dev) for h, dev in watched}
+        numel = 4 << 20  # 16 MiB of float32: each Mac sends about 5 MiB each way round the ring
+        job = run_cases(tmp_path, 3, [
+            {"kind": "all_reduce", "dtype": "float32", "numel": numel, "seed": 5, "op": "sum", "src": 0},
+            {"kind": "broadcast", "dtype": "int32", "numel": numel // 4, "seed": 6, "op": "sum", "src": 2}],
+            hosts=["--hostfile", str(hostfile), *server.launch_options()])
+        moved = {dev: netns.tx_bytes(h, dev) - sent[dev] for h, dev in watched}
+    finally:
+        for s in servers:
+            s.stop()
+        for c in cables:
+            netns.uncable(c)
+        netns.remove(3)
+    table = job.stderr[job.stderr.index("3 ranks on 3 hosts"):].splitlines()[2:5]
+    assert [line.split()[2] for line in table] == [",".join(a) for a in addrs], table
+    assert [line.split()[3] for line in table] == [",".join(dev for _, dev in e) for e in ends], table
+    for pair in ends:
+        for _, dev in pair:
+            assert moved[dev] > 4 << 20, moved  # both cables of every Mac carried its share
+    for h in ring:
+        assert moved[h.veth] < 1 << 20, moved  # control messages only
 
 
 def test_a_cwd_and_python_in_the_home_directory_are_each_host_s_own(sshd) -> None:

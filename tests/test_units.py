@@ -16,6 +16,7 @@ import time
 import msgpack
 import pytest
 import torch
+import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,6 +30,7 @@ from macfleet.launcher.stdin import StdinRelay
 from macfleet.lines import LONGEST, pieces
 from macfleet.parallel import bucket_layout
 from macfleet.sampler import DistributedSampler
+from macfleet.transport import Channel, ChannelId, Liveness
 
 SECRET = b"k" * 32
 
@@ -89,6 +91,32 @@ def test_the_launcher_knows_a_mac_s_wifi_from_its_other_links() -> None:
     assert not netaddr.over_wifi(None) and not netaddr.over_wifi("eth0")
     assert netaddr.link_of("127.0.0.1") in ("lo", "lo0")  # no kind: loopback is no Wi-Fi
     assert netaddr.link_of("203.0.113.254") is None
+    # a Mac with a cable to each neighbour: Wi-Fi on any of its links is flagged
+    assert netaddr.over_wifi("en5 (Thunderbolt 1),en1 (Wi-Fi)") and not netaddr.over_wifi("en5,en6")
+
+
+def test_a_peer_with_several_addresses_is_reached_at_the_one_on_a_shared_subnet() -> None:
+    """One subnet per cable: of a neighbour's data addresses, the ring connects to the one this
+    Mac routes to from one of its own. Here: 127.0.0.1 routes from itself, and TEST-NET-1's and
+    -2's addresses from anything but 127.0.0.1 (or not at all)."""
+    there, far, farther = "tcp://127.0.0.1:6", "tcp://192.0.2.1:5", "tcp://198.51.100.1:7"
+    assert netaddr.nearest([far, there], ["10.9.9.9", "127.0.0.1"]) == there
+    assert netaddr.nearest([there, far], ["127.0.0.1"]) == there
+    assert netaddr.nearest([far], ["127.0.0.1"]) == far  # one address: the only choice, whatever routes
+    assert netaddr.nearest([far, farther], ["127.0.0.1"]) is None
+    # none of them shared: the rank that cannot connect says so, and how the cabling must go
+    ctx = zmq.Context()
+    try:
+        ch = Channel(ctx, ChannelId(True, 0), 1, ["127.0.0.1", "127.0.0.2"], 1 << 20, b"k" * 32, "job", Liveness(), 5.0)
+        ch.place([0, 1, 2])
+        ch.connect(f"{far} {farther}")
+        assert ch.peer_endpoint == far
+        assert ("None of rank 2's data addresses (192.0.2.1, 198.51.100.1) is on a subnet of this Mac's "
+                "(127.0.0.1, 127.0.0.2): ") in ch.unreachable(5.0)
+        assert len(ch.endpoint.split()) == 2  # bound on both of its own
+        ch.close()
+    finally:
+        ctx.destroy(linger=0)
 
 
 def test_a_probe_tells_a_refused_port_from_an_open_one() -> None:
@@ -168,6 +196,15 @@ def test_hostfile_names_the_bad_line(tmp_path) -> None:
         parse_hostfile(str(path))
     path.write_text("mini1 addr=[fd00::2]\n")
     assert parse_hostfile(str(path))[0].addr == "fd00::2"
+    # one address per cable (MLX's Thunderbolt rings): the first is the host's main one
+    path.write_text("studio1 addr=192.168.1.1,[fd00::3]\n")
+    assert [(h.addr, h.addrs) for h in parse_hostfile(str(path))] == [("192.168.1.1", ("192.168.1.1", "fd00::3"))]
+    path.write_text("studio1 addr=192.168.1.1,studio2\n")
+    with pytest.raises(ValueError, match=r":1: addr=studio2 is not an IP address"):
+        parse_hostfile(str(path))
+    path.write_text("studio1 addr=192.168.1.1,192.168.2.1,192.168.1.1\n")
+    with pytest.raises(ValueError, match=r":1: addr=192.168.1.1,192.168.2.1,192.168.1.1 lists 192.168.1.1 more "):
+        parse_hostfile(str(path))
     # OpenMPI's hostfiles cap oversubscription with max_slots; it was refused as unreadable
     path.write_text("mini1 slots=2 max_slots=4\nmini2 max_slots=x\n")
     with pytest.raises(ValueError, match=r":2: cannot read 'max_slots=x'"):

@@ -109,22 +109,23 @@ def _memory_gb() -> float | None:
         return None
 
 
-def data_address(spec: AgentSpec) -> str:
-    """Where this host's ranks bind their ring sockets: never all interfaces. Raises
-    ``ValueError`` for an address that is not this machine's (``addr=`` in a hostfile, say,
-    naming another Mac's), before any rank tries to bind to it."""
+def data_addresses(spec: AgentSpec) -> list[str]:
+    """Where this host's ranks bind their ring sockets, the main address first: never all
+    interfaces. Raises ``ValueError`` for an address that is not this machine's (``addr=`` in a
+    hostfile, say, naming another Mac's), before any rank tries to bind to it."""
     if spec.data_iface:
-        return netaddr.interface_address(spec.data_iface)
-    if not spec.data_addr:
-        return netaddr.route_source(netaddr.split_endpoint(spec.coordinator)[0])
-    try:
-        _listening_socket(spec.data_addr).close()
-    except OSError as exc:
-        raise ValueError(f"cannot train over {spec.data_addr}: {exc.strerror or exc}; it is not an address of "
-                         f"this machine ({socket.gethostname()}). It came from addr= in the hostfile, --data-addr, "
-                         f"or this host's name as the launching Mac resolves it: give one of this machine's own "
-                         f"addresses with addr=, or its interface with --data-iface") from None
-    return spec.data_addr
+        return [netaddr.interface_address(spec.data_iface)]
+    if not spec.data_addrs:
+        return [netaddr.route_source(netaddr.split_endpoint(spec.coordinator)[0])]
+    for addr in spec.data_addrs:
+        try:
+            _listening_socket(addr).close()
+        except OSError as exc:
+            raise ValueError(f"cannot train over {addr}: {exc.strerror or exc}; it is not an address of this "
+                             f"machine ({socket.gethostname()}). It came from addr= in the hostfile, --data-addr, "
+                             f"or this host's name as the launching Mac resolves it: give one of this machine's "
+                             f"own addresses with addr=, or its interface with --data-iface") from None
+    return list(spec.data_addrs)
 
 
 def stacks_file(error_file: str) -> str:
@@ -132,7 +133,7 @@ def stacks_file(error_file: str) -> str:
     return error_file.removesuffix(".json") + ".stacks"
 
 
-def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: str, master_port: int,
+def worker_env(spec: AgentSpec, local_rank: int, data_addrs: list[str], master_addr: str, master_port: int,
                error_file: str, alive_fd: int) -> dict[str, str]:
     """The environment contract of ``macfleet.env``, built here and nowhere else."""
     env = dict(os.environ)
@@ -155,7 +156,7 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: st
         "MACFLEET_SEED": str(spec.seed),
         "MACFLEET_ERROR_FILE": error_file,
         "MACFLEET_STACKS_FILE": stacks_file(error_file),
-        "MACFLEET_DATA_ADDR": data_addr,
+        "MACFLEET_DATA_ADDR": ",".join(data_addrs),
         "MACFLEET_HOST": spec.host,
         "MACFLEET_AGENT_PID": str(os.getpid()),
         "MACFLEET_AGENT_FD": str(alive_fd),
@@ -175,7 +176,7 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addr: str, master_addr: st
     env.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
     # Scripts that use torch.distributed (gloo) themselves: make gloo use the data-plane address,
     # not whatever the hostname resolves to (often loopback, which breaks multi-host jobs).
-    iface = netaddr.interface_of(data_addr) if "GLOO_SOCKET_IFNAME" not in env else None
+    iface = netaddr.interface_of(data_addrs[0]) if "GLOO_SOCKET_IFNAME" not in env else None
     if iface:
         env["GLOO_SOCKET_IFNAME"] = iface
     if spec.slots > 1:
@@ -216,7 +217,7 @@ class Agent:
         self.stop_reason: str | None = None
         self.stopped_why: str | None = None  # for the exits, when this agent stops its ranks on its own
         self._stop_started: float | None = None
-        self.data_addr = ""
+        self.data_addrs: list[str] = []
         self.last_heard = time.monotonic()
         self.heard = False  # anything from the coordinator yet: if not, the launcher was never reachable
         self._next_beat = 0.0
@@ -234,17 +235,18 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         try:
-            self.data_addr = data_address(self.spec)
+            self.data_addrs = data_addresses(self.spec)
             self.logs = open_logs(self.spec)
         except (ValueError, OSError) as exc:
             print(f"macfleet agent on {self.spec.host}: {exc}", file=sys.stderr, flush=True)
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             return 2
         hello = {"host_index": self.spec.host_index, "host": self.spec.host, "facts": host_facts(),
-                 "data_addr": self.data_addr, "link": netaddr.link_of(self.data_addr),
+                 "data_addr": self.data_addrs[0], "data_addrs": self.data_addrs,
+                 "link": netaddr.links_of(self.data_addrs),
                  "ranks": [self.spec.rank_base, self.spec.rank_base + self.spec.slots]}
         if self.spec.host_index == 0:
-            self.store_socket = _listening_socket(self.data_addr)
+            self.store_socket = _listening_socket(self.data_addrs[0])
             hello["master_port"] = self.store_socket.getsockname()[1]
         self.client.send(protocol.HELLO, **hello)
         start = self._wait_for(protocol.START)
@@ -316,7 +318,7 @@ class Agent:
         error_file = os.path.join(self.tmpdir, f"error-{rank}.json")
         proc = subprocess.Popen(
             [self.spec.python, "-m", "macfleet.workers.bootstrap", self.spec.script, *self.spec.args],
-            env=worker_env(self.spec, local_rank, self.data_addr, master_addr, master_port, error_file, self.alive_r),
+            env=worker_env(self.spec, local_rank, self.data_addrs, master_addr, master_port, error_file, self.alive_r),
             pass_fds=(self.alive_r,),
             cwd=self.spec.cwd,
             stdin=subprocess.PIPE,  # the launcher's stdin (``_feed``)
