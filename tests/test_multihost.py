@@ -465,6 +465,10 @@ def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_ho
             {"kind": "broadcast", "dtype": "int32", "numel": numel // 4, "seed": 6, "op": "sum", "src": 2}],
             hosts=["--hostfile", str(hostfile), *server.launch_options()])
         moved = {dev: netns.tx_bytes(h, dev) - sent[dev] for h, dev in watched}
+        # doctor measures each ring link over its cable, and shows every address on its link
+        doctor = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hostfile", str(hostfile),
+                                 *server.launch_options(), "--megabytes", "4"], capture_output=True, text=True,
+                                timeout=120)
     finally:
         for s in servers:
             s.stop()
@@ -479,6 +483,10 @@ def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_ho
             assert moved[dev] > 4 << 20, moved  # both cables of every Mac carried its share
     for h in ring:
         assert moved[h.veth] < 1 << 20, moved  # control messages only
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    for h, a, e in zip(ring, addrs, ends, strict=True):
+        row = next(line for line in doctor.stdout.splitlines() if line.startswith(h.addr + " "))
+        assert f" {','.join(a)} on {','.join(dev for _, dev in e)} " in row, row
 
 
 def test_a_cwd_and_python_in_the_home_directory_are_each_host_s_own(sshd) -> None:
