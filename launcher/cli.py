@@ -34,7 +34,7 @@ def host_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--hosts", default=None, metavar="[USER@]HOST[:SLOTS],...",
                      help="Hosts in rank order, e.g. mac1:2,mac2:2. Default: this Mac only."),
         click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
-                     help="Hosts from a file: 'host slots=N [addr=IP[,IP...]]' per line, # comments."),
+                     help="Hosts from a file: 'host slots=N [addr=IP[,IP...]] [share=N]' per line, # comments."),
         click.option("--ssh-port", type=click.IntRange(1, 65535), default=None, help="ssh port of the remote hosts."),
         click.option("--ssh-identity", type=click.Path(dir_okay=False), default=None, help="ssh private key."),
         click.option("--ssh-option", "ssh_options", multiple=True, metavar="KEY=VALUE",

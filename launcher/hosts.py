@@ -6,6 +6,7 @@ Hostfile example (``#`` starts a comment, blank lines are ignored)::
     mini1.local     slots=2   addr=169.254.10.2
     alice@mini2     slots=1   max_slots=1   # OpenMPI's cap: more ranks asked of it is an error
     studio3         slots=1   addr=192.168.1.2,192.168.2.1   # one address per cable, as MLX's rings
+    studio4         slots=2   share=3   # each rank's part of every step (macfleet.shares())
 
 Parsers raise ``ValueError`` with a message naming the bad entry; the CLI turns it into a
 one-line usage error.
@@ -29,6 +30,7 @@ class Host:
     # data-plane addresses, when the ssh name is not the one to train over: one, or one per cable
     # where each Thunderbolt cable has a subnet of its own; the first is the host's main one
     addrs: tuple[str, ...] = ()
+    share: int = 1  # each of its ranks' part of every step, against other hosts' (macfleet.shares())
     here: bool = False  # the name is this machine's (see remote.is_this_machine)
 
     @property
@@ -46,7 +48,7 @@ class Host:
         return f"{self.user}@{self.name}" if self.user else self.name
 
 
-def _host(text: str, slots: int, addrs: tuple[str, ...], where: str) -> Host:
+def _host(text: str, slots: int, addrs: tuple[str, ...], where: str, share: int = 1) -> Host:
     m = _NAME.match(text)
     if not m and "%" in text:  # fe80::1%en0: the interface is one of this Mac's, not the others'
         raise ValueError(f"{where}: {text!r} is a link-local IPv6 address, which names an interface of this Mac "
@@ -55,7 +57,7 @@ def _host(text: str, slots: int, addrs: tuple[str, ...], where: str) -> Host:
         raise ValueError(f"{where}: {text!r} is not a host name (expected [user@]host)")
     if slots < 1:
         raise ValueError(f"{where}: slots must be at least 1, not {slots}")
-    return Host(name=m["host"].strip("[]"), slots=slots, user=m["user"], addrs=addrs)
+    return Host(name=m["host"].strip("[]"), slots=slots, user=m["user"], addrs=addrs, share=share)
 
 
 def parse_hosts(text: str, default_slots: int = 1) -> list[Host]:
@@ -84,21 +86,23 @@ def parse_hostfile(path: str, default_slots: int = 1) -> list[Host]:
                 continue
             where = f"{path}:{number}"
             name, *options = line.split()
-            slots, addrs, cap = default_slots, (), None
+            slots, addrs, cap, share = default_slots, (), None, 1
             for option in options:
                 key, sep, value = option.partition("=")
                 if key == "slots" and sep and value.isdigit():
                     slots = int(value)
                 elif key == "addr" and sep and value:
                     addrs = data_addresses(value, f"{where}: addr=")
+                elif key == "share" and sep and value.isdigit() and int(value) >= 1:
+                    share = int(value)
                 elif key in ("max_slots", "max-slots") and sep and value.isdigit():
                     cap = int(value)  # OpenMPI's cap: a job that asks this host for more is refused
                 else:
-                    raise ValueError(f"{where}: cannot read {option!r} (expected slots=N or addr=IP[,IP...])")
+                    raise ValueError(f"{where}: cannot read {option!r} (expected slots=N, share=N or addr=IP[,IP...])")
             if cap is not None and slots > cap:
                 raise ValueError(f"{where}: {slots} ranks asked of {name}, over its max_slots={cap} "
                                  f"(give it slots=N of at most {cap}, or a smaller --nproc)")
-            hosts.append(_host(name, slots, addrs, where))
+            hosts.append(_host(name, slots, addrs, where, share))
     if not hosts:
         raise ValueError(f"{path}: no hosts")
     _check_unique(hosts)

@@ -152,6 +152,15 @@ def plan_addresses(cfg: LaunchConfig) -> tuple[list[list[str]], list[str], list[
     return data, control, binds
 
 
+def shares_env(hosts: list[Host]) -> dict[str, str]:
+    """``MACFLEET_SHARES`` from the hosts' ``share=``, one per rank (``macfleet.shares()``);
+    nothing where every host has the default. Made for the hosts of this attempt, so it
+    follows them when one is left out."""
+    if all(h.share == 1 for h in hosts):
+        return {}
+    return {"MACFLEET_SHARES": ",".join(str(h.share) for h in hosts for _ in range(h.slots))}
+
+
 def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
     """One attempt of the job; ``stdin``: what to pass on to its ranks' standard input (none for
     bench and doctor, whose ranks read none)."""
@@ -178,7 +187,8 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
                 host_index=index, host=host.name, data_addrs=data_addrs[index], data_iface=cfg.data_iface,
                 rank_base=rank_base, slots=host.slots, world_size=cfg.world_size, script=cfg.script,
                 args=list(cfg.args), device=cfg.device, seed=cfg.seed, memory_fraction=cfg.memory_fraction,
-                cwd=cfg.cwd, python=cfg.python, restart_count=cfg.restart_count, env={**forwarded, **cfg.env},
+                cwd=cfg.cwd, python=cfg.python, restart_count=cfg.restart_count,
+                env={**forwarded, **cfg.env, **shares_env(cfg.hosts)},
                 grace_s=cfg.grace_s, prefix_host=len(cfg.hosts) > 1, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
                 log_dir=cfg.log_dir, show_ranks=cfg.show_ranks,
             )

@@ -149,8 +149,14 @@ def pace_report(waits: dict[int, tuple[float, float]], hosts: dict[int, str], wo
         suggested = suggest_shares([speeds[r] for r in range(world_size)]) \
             if multi_host and speeds and len(speeds) == world_size else None
         if suggested and len(set(suggested)) > 1:
-            lines.append(f"shares={suggested} would give each rank work in proportion to its speed in this job: pass "
-                         f"them to DistributedSampler and DataParallel (README: Macs of different speeds)")
+            by_host: dict[str, set[int]] = {}
+            for r, s in enumerate(suggested):
+                by_host.setdefault(hosts.get(r, "?"), set()).add(s)
+            how = ("pass them to DistributedSampler and DataParallel" if any(len(s) > 1 for s in by_host.values())
+                   else "in the hostfile, " + ", ".join(f"{h} share={min(s)}" for h, s in by_host.items())
+                   + " (macfleet.shares() hands them to the script)")
+            lines.append(f"shares={suggested} would give each rank work in proportion to its speed in this job: "
+                         f"{how} (README: Macs of different speeds)")
     elif low >= COMMUNICATION_BOUND:
         lines.append(f"communication sets the pace: every rank spent at least {low:.0%} of its time in it"
                      + ("; DataParallel(compression='fp16') halves the bytes, larger batches mean fewer exchanges, "

@@ -36,6 +36,7 @@ _LAZY = {
     "rank": "macfleet.runtime",
     "world_size": "macfleet.runtime",
     "local_rank": "macfleet.runtime",
+    "shares": "macfleet.runtime",
     "device": "macfleet.runtime",
     "memory": "macfleet.runtime",
     "empty_cache": "macfleet.runtime",
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from macfleet.objects import all_gather_object, broadcast_object
     from macfleet.parallel import DataParallel
     from macfleet.runtime import (all_gather, all_reduce, barrier, broadcast, device, empty_cache, host_tensor, init,
-                                  local_rank, memory, rank, shutdown, world_size)
+                                  local_rank, memory, rank, shares, shutdown, world_size)
     from macfleet.sampler import DistributedSampler
     from macfleet.sync_batch_norm import SyncBatchNorm
 
@@ -77,7 +78,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CollectiveTimeout", "ConfigError", "JobAborted", "MacfleetError", "PeerLost", "ProtocolError",
     "RendezvousError", "__version__", "checkpoint",
-    "init", "shutdown", "rank", "world_size", "local_rank", "device", "memory", "empty_cache", "all_reduce",
+    "init", "shutdown", "rank", "world_size", "local_rank", "shares", "device", "memory", "empty_cache", "all_reduce",
     "broadcast", "all_gather", "barrier", "host_tensor", "broadcast_object", "all_gather_object", "DataParallel",
     "DistributedSampler", "SyncBatchNorm",
 ]

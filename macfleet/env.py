@@ -27,6 +27,8 @@ MACFLEET_STACKS_FILE               where faulthandler dumps the rank's stacks wh
                                    (SIGUSR2): a rank that holds the GIL for good cannot answer
 MACFLEET_DATA_ADDR                 the addresses this host's ring sockets bind to, comma-separated,
                                    the main one first (several: one subnet per cable)
+MACFLEET_SHARES                    each rank's part of every step, comma-separated (``share=`` in a
+                                   hostfile; ``macfleet.shares()``); unset: equal parts
 MACFLEET_HOST                      this host's name in the job (for messages)
 MACFLEET_AGENT_PID                 the agent's pid: a worker whose parent is gone stops itself
 MACFLEET_AGENT_FD                  a pipe that only the agent can write to, and never does: at its
@@ -87,6 +89,7 @@ class WorkerEnv:
     memory_fraction: float | None = None
     error_file: str | None = None
     data_addrs: tuple[str, ...] = ("127.0.0.1",)  # the main one first
+    shares: tuple[int, ...] | None = None  # None: an equal part each
     host: str = "localhost"
     agent_pid: int | None = None
     secret: bytes = b""
@@ -120,9 +123,18 @@ class WorkerEnv:
         device = env.get("MACFLEET_DEVICE", "auto") or "auto"
         if device not in DEVICES:
             raise ConfigError(f"MACFLEET_DEVICE={device!r}: choose one of {', '.join(DEVICES)}")
+        world_size = integer("WORLD_SIZE", 1)
+        shares_raw = env.get("MACFLEET_SHARES")
+        shares = None
+        if shares_raw:
+            parts = shares_raw.split(",")
+            if len(parts) != world_size or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+                raise ConfigError(f"MACFLEET_SHARES={shares_raw!r} must be {world_size} whole numbers above 0, "
+                                  f"one per rank")
+            shares = tuple(int(p) for p in parts)
         parsed = cls(
             rank=integer("RANK", 0),
-            world_size=integer("WORLD_SIZE", 1),
+            world_size=world_size,
             local_rank=integer("LOCAL_RANK", 0),
             local_world_size=integer("LOCAL_WORLD_SIZE", 1),
             coordinator=env.get("MACFLEET_COORDINATOR") or None,
@@ -136,6 +148,7 @@ class WorkerEnv:
             host=env.get("MACFLEET_HOST", "localhost") or "localhost",
             agent_pid=integer("MACFLEET_AGENT_PID", 0) or None,
             secret=bytes.fromhex(env.get("MACFLEET_JOB_SECRET", "")),
+            shares=shares,
         )
         if not 0 <= parsed.rank < parsed.world_size:
             raise ConfigError(f"RANK={parsed.rank} is outside WORLD_SIZE={parsed.world_size}")

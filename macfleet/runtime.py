@@ -430,6 +430,15 @@ def local_rank() -> int:
     return _facts().env.local_rank
 
 
+def shares() -> list[int]:
+    """Each rank's part of every step, in rank order: ``share=`` of its host in the hostfile
+    (equal parts where none is given). Pass it to ``DistributedSampler`` and ``DataParallel``,
+    and scale this rank's batch by its own: a faster Mac's ranks then take more of each step.
+    Follows the hosts: a job that goes on without one (``--min-hosts``) has the others' shares."""
+    env = _facts().env
+    return list(env.shares) if env.shares else [1] * env.world_size
+
+
 def device() -> torch.device:
     """The torch device this process trains on."""
     return _facts().device.torch_device

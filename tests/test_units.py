@@ -38,7 +38,14 @@ SECRET = b"k" * 32
 # -- environment contract ---------------------------------------------------------------------
 def test_no_launcher_means_a_job_of_one() -> None:
     env = WorkerEnv.from_environ({})
-    assert (env.rank, env.world_size, env.distributed) == (0, 1, False)
+    assert (env.rank, env.world_size, env.distributed, env.shares) == (0, 1, False, None)
+
+
+def test_shares_are_one_whole_number_per_rank() -> None:
+    assert WorkerEnv.from_environ({"WORLD_SIZE": "3", "MACFLEET_SHARES": "3,1,1"}).shares == (3, 1, 1)
+    for bad in ("3,1", "3,0,1", "3,x,1", "3,1,1,"):
+        with pytest.raises(ConfigError, match=r"MACFLEET_SHARES=.* must be 3 whole numbers above 0, one per rank"):
+            WorkerEnv.from_environ({"WORLD_SIZE": "3", "MACFLEET_SHARES": bad})
 
 
 def test_a_world_size_from_another_launcher_is_refused_not_trained_alone() -> None:
@@ -201,6 +208,11 @@ def test_hostfile_names_the_bad_line(tmp_path) -> None:
     assert [(h.addr, h.addrs) for h in parse_hostfile(str(path))] == [("192.168.1.1", ("192.168.1.1", "fd00::3"))]
     path.write_text("studio1 addr=192.168.1.1,studio2\n")
     with pytest.raises(ValueError, match=r":1: addr=studio2 is not an IP address"):
+        parse_hostfile(str(path))
+    path.write_text("studio1 slots=2 share=3\nair\n")  # a faster Mac's ranks take more of each step
+    assert [(h.slots, h.share) for h in parse_hostfile(str(path))] == [(2, 3), (1, 1)]
+    path.write_text("studio1 share=0\n")
+    with pytest.raises(ValueError, match=r":1: cannot read 'share=0'"):
         parse_hostfile(str(path))
     path.write_text("studio1 addr=192.168.1.1,192.168.2.1,192.168.1.1\n")
     with pytest.raises(ValueError, match=r":1: addr=192.168.1.1,192.168.2.1,192.168.1.1 lists 192.168.1.1 more "):
@@ -427,9 +439,11 @@ def test_shares_are_suggested_from_each_macs_measured_speed() -> None:
     speeds = {0: 0.25 / 0.1, 1: 0.25 / 0.1, 2: 0.25 / 0.3, 3: 0.25 / 0.31}  # equal shares, the airs 3x slower
     lines = pace_report(waits, hosts, 4, speeds)
     assert lines[2].startswith("shares=[3, 3, 1, 1] would give each rank work in proportion to its speed")
+    assert "in the hostfile, studio share=3, air share=1 (macfleet.shares() hands them" in lines[2]  # per Mac
     # the studio's ranks already take 3 parts each, and each part costs them as much as an air's
     speeds = {0: 0.375 / 0.3, 1: 0.375 / 0.3, 2: 0.125 / 0.1, 3: 0.125 / 0.3}
-    assert "shares=[3, 3, 3, 1]" in pace_report(waits, hosts, 4, speeds)[2]
+    assert "shares=[3, 3, 3, 1] would give each rank work in proportion to its speed in this job: pass them to " \
+        "DistributedSampler" in pace_report(waits, hosts, 4, speeds)[2]  # one Mac's ranks differ: per rank
     assert len(pace_report(waits, hosts, 4, {0: 1.0})) == 2  # not every rank measured: no suggestion
     assert len(pace_report(waits, dict.fromkeys(range(4), "m"), 4, speeds)) == 2  # one Mac: ranks alike
 

@@ -46,7 +46,8 @@ parser.add_argument("--download", action="store_true", help="fetch MNIST into --
 parser.add_argument("--train-url", default=None, help="directory for the final checkpoint and metrics.json")
 parser.add_argument("--batch-size", type=positive, default=64, help="per process; the global batch is this x ranks")
 parser.add_argument("--shares", default=None, help="each rank's part of every step, e.g. 3,1 when rank 0's Mac is "
-                    "three times as fast: its batch is --batch-size x 3 and its shard of the data three times as large")
+                    "three times as fast: its batch is --batch-size x 3 and its shard of the data three times as large "
+                    "(default: the hostfile's share= of each host)")
 parser.add_argument("--epochs", type=positive, default=15)
 parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
 parser.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
@@ -74,7 +75,7 @@ macfleet.init(device=args.device)
 rank, world = macfleet.rank(), macfleet.world_size()
 master = rank == 0  # rank 0 prints and writes files
 try:
-    shares = [positive(part) for part in args.shares.split(",")] if args.shares else [1] * world
+    shares = [positive(part) for part in args.shares.split(",")] if args.shares else macfleet.shares()
 except (ValueError, argparse.ArgumentTypeError):
     parser.error(f"--shares {args.shares}: whole numbers above 0, one per rank")
 if len(shares) != world:

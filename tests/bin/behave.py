@@ -73,6 +73,7 @@ if mode == "env":
     from macfleet.runtime import runtime  # the members of each ring this rank has sockets on
     seen["rings"] = [ring.members for ring in runtime().collectives.rings]
     seen["python_random"] = random.random()
+    seen["shares"] = macfleet.shares()
     print("ENV " + json.dumps(seen))
     macfleet.shutdown()
     sys.exit(0)
