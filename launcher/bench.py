@@ -55,12 +55,13 @@ def format_table(result: dict[str, Any]) -> str:
     header = (f"all-reduce, {result['world']} ranks, {result['dtype']} "
               f"(streams {result.get('streams')}, shared memory {'on' if result.get('shm') != '0' else 'off'}"
               f"{', tensors in shared memory' if result.get('shared_tensors') else ''})")
-    lines = [header, f"{'size':>6} | {'macfleet':>10} {'algorithm':<24} {'busbw GB/s':>10} | "
-                     f"{'gloo':>10} {'busbw GB/s':>10} | {'speed-up':>8}"]
+    gloo = any(row["library"] == "gloo" for row in rows)
+    lines = [header, f"{'size':>6} | {'macfleet':>10} {'algorithm':<24} {'busbw GB/s':>10}"
+                     + (f" | {'gloo':>10} {'busbw GB/s':>10} | {'speed-up':>8}" if gloo else "")]
     for nbytes, libs in sorted(by_size.items()):
         mf, gl = libs.get("macfleet"), libs.get("gloo")
-        line = f"{human(nbytes):>6} | {mf['seconds'] * 1e3:>8.3f}ms {mf['algorithm']:<24} {mf['busbw_gbs']:>10.3f} | "
+        line = f"{human(nbytes):>6} | {mf['seconds'] * 1e3:>8.3f}ms {mf['algorithm']:<24} {mf['busbw_gbs']:>10.3f}"
         if gl:
-            line += f"{gl['seconds'] * 1e3:>8.3f}ms {gl['busbw_gbs']:>10.3f} | {gl['seconds'] / mf['seconds']:>7.2f}x"
+            line += f" | {gl['seconds'] * 1e3:>8.3f}ms {gl['busbw_gbs']:>10.3f} | {gl['seconds'] / mf['seconds']:>7.2f}x"
         lines.append(line)
     return "\n".join(lines)

@@ -16,7 +16,7 @@ import click
 from macfleet import knobs
 from macfleet.env import DEVICES
 from macfleet.launcher.hosts import Host, data_addresses, parse_hostfile, parse_hosts
-from macfleet.launcher.launch import LaunchConfig, run_with_restarts
+from macfleet.launcher.launch import LaunchConfig, log, run_with_restarts
 from macfleet.launcher.remote import SshOptions, find_this_machine
 
 
@@ -246,8 +246,10 @@ def bench() -> None:
               help="Seconds of timing per size and library.")
 @click.option("--shared-tensors", is_flag=True, help="Allocate the tensors with macfleet.host_tensor, in memory "
               "this host's ranks share (as DataParallel's buckets are): macfleet reduces them where they are.")
+@click.option("--no-gloo", is_flag=True, help="Time macfleet's alone (left out anyway where a host has one address "
+              "per cable: gloo connects every rank to every other, over one interface).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
-def bench_allreduce(sizes: str, dtype: str, budget: float, shared_tensors: bool, json_path: str | None,
+def bench_allreduce(sizes: str, dtype: str, budget: float, shared_tensors: bool, no_gloo: bool, json_path: str | None,
                     **hosts: Any) -> None:
     """Time macfleet's all-reduce and gloo's on the same processes and tensors, side by side."""
     from macfleet.launcher.bench import parse_size, run_bench
@@ -264,6 +266,12 @@ def bench_allreduce(sizes: str, dtype: str, budget: float, shared_tensors: bool,
     cfg = make_config("-m", ["macfleet.workers.benchallreduce", "--sizes", sizes, "--dtype", dtype,
                              "--budget", str(budget), *(["--shared-tensors"] if shared_tensors else [])],
                       device="cpu", **hosts)
+    cabled = [h.name for h in cfg.hosts if len(h.addrs or (cfg.data_addrs if h.is_local else ())) > 1]
+    if cabled and not no_gloo:  # its ranks would wait for connections that cannot come, for gloo's 30 minutes
+        log(f"timing macfleet alone: {', '.join(cabled)} {'has' if len(cabled) == 1 else 'have'} one address per "
+            f"cable, and gloo connects every rank to every other over one interface")
+    if cabled or no_gloo:
+        cfg.args.append("--no-gloo")
     if cfg.world_size < 2:
         raise click.UsageError("an all-reduce needs at least 2 ranks: give --nproc 2 or more, or several hosts")
     if json_path is not None:  # before minutes of measuring, not after
