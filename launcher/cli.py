@@ -16,7 +16,7 @@ import click
 from macfleet import knobs
 from macfleet.env import DEVICES
 from macfleet.launcher.hosts import Host, data_addresses, parse_hostfile, parse_hosts
-from macfleet.launcher.launch import LaunchConfig, log, run_with_restarts
+from macfleet.launcher.launch import LaunchConfig, run_with_restarts
 from macfleet.launcher.remote import SshOptions, find_this_machine
 
 
@@ -34,7 +34,8 @@ def host_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--hosts", default=None, metavar="[USER@]HOST[:SLOTS],...",
                      help="Hosts in rank order, e.g. mac1:2,mac2:2. Default: this Mac only."),
         click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
-                     help="Hosts from a file: 'host slots=N [addr=IP[,IP...]] [share=N]' per line, # comments."),
+                     help="Hosts from a file: 'host slots=N [addr=IP[,IP...]] [share=N]' per line, # comments; "
+                          "or MLX's JSON hostfile."),
         click.option("--ssh-port", type=click.IntRange(1, 65535), default=None, help="ssh port of the remote hosts."),
         click.option("--ssh-identity", type=click.Path(dir_okay=False), default=None, help="ssh private key."),
         click.option("--ssh-option", "ssh_options", multiple=True, metavar="KEY=VALUE",
@@ -266,12 +267,8 @@ def bench_allreduce(sizes: str, dtype: str, budget: float, shared_tensors: bool,
     cfg = make_config("-m", ["macfleet.workers.benchallreduce", "--sizes", sizes, "--dtype", dtype,
                              "--budget", str(budget), *(["--shared-tensors"] if shared_tensors else [])],
                       device="cpu", **hosts)
-    cabled = [h.name for h in cfg.hosts if len(h.addrs or (cfg.data_addrs if h.is_local else ())) > 1]
-    if cabled and not no_gloo:  # its ranks would wait for connections that cannot come, for gloo's 30 minutes
-        log(f"timing macfleet alone: {', '.join(cabled)} {'has' if len(cabled) == 1 else 'have'} one address per "
-            f"cable, and gloo connects every rank to every other over one interface")
-    if cabled or no_gloo:
-        cfg.args.append("--no-gloo")
+    if no_gloo:
+        cfg.args.append("--no-gloo")  # and the ranks leave gloo out where hosts have one address per cable
     if cfg.world_size < 2:
         raise click.UsageError("an all-reduce needs at least 2 ranks: give --nproc 2 or more, or several hosts")
     if json_path is not None:  # before minutes of measuring, not after

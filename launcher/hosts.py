@@ -8,6 +8,8 @@ Hostfile example (``#`` starts a comment, blank lines are ignored)::
     studio3         slots=1   addr=192.168.1.2,192.168.2.1   # one address per cable, as MLX's rings
     studio4         slots=2   share=3   # each rank's part of every step (macfleet.shares())
 
+MLX's JSON hostfiles (``mlx.distributed_config``'s) are read too: see ``mlx_hosts``.
+
 Parsers raise ``ValueError`` with a message naming the bad entry; the CLI turns it into a
 one-line usage error.
 """
@@ -15,8 +17,9 @@ one-line usage error.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 _NAME = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])$")
@@ -78,34 +81,73 @@ def parse_hosts(text: str, default_slots: int = 1) -> list[Host]:
 
 
 def parse_hostfile(path: str, default_slots: int = 1) -> list[Host]:
-    hosts = []
+    """A hostfile in the format above, or in MLX's JSON (``mlx_hosts``)."""
     with open(path) as f:
-        for number, raw in enumerate(f, 1):
-            line = raw.split("#", 1)[0].strip()
-            if not line:
-                continue
-            where = f"{path}:{number}"
-            name, *options = line.split()
-            slots, addrs, cap, share = default_slots, (), None, 1
-            for option in options:
-                key, sep, value = option.partition("=")
-                if key == "slots" and sep and value.isdigit():
-                    slots = int(value)
-                elif key == "addr" and sep and value:
-                    addrs = data_addresses(value, f"{where}: addr=")
-                elif key == "share" and sep and value.isdigit() and int(value) >= 1:
-                    share = int(value)
-                elif key in ("max_slots", "max-slots") and sep and value.isdigit():
-                    cap = int(value)  # OpenMPI's cap: a job that asks this host for more is refused
-                else:
-                    raise ValueError(f"{where}: cannot read {option!r} (expected slots=N, share=N or addr=IP[,IP...])")
-            if cap is not None and slots > cap:
-                raise ValueError(f"{where}: {slots} ranks asked of {name}, over its max_slots={cap} "
-                                 f"(give it slots=N of at most {cap}, or a smaller --nproc)")
-            hosts.append(_host(name, slots, addrs, where, share))
+        text = f.read()
+    if text.lstrip().startswith(("[", "{")):
+        hosts = mlx_hosts(path, text, default_slots)
+    else:
+        hosts = [host for number, line in enumerate(text.splitlines(), 1)
+                 if (host := _hostfile_line(line, f"{path}:{number}", default_slots))]
     if not hosts:
         raise ValueError(f"{path}: no hosts")
     _check_unique(hosts)
+    return hosts
+
+
+def _hostfile_line(raw: str, where: str, default_slots: int) -> Host | None:
+    line = raw.split("#", 1)[0].strip()
+    if not line:
+        return None
+    name, *options = line.split()
+    slots, addrs, cap, share = default_slots, (), None, 1
+    for option in options:
+        key, sep, value = option.partition("=")
+        if key == "slots" and sep and value.isdigit():
+            slots = int(value)
+        elif key == "addr" and sep and value:
+            addrs = data_addresses(value, f"{where}: addr=")
+        elif key == "share" and sep and value.isdigit() and int(value) >= 1:
+            share = int(value)
+        elif key in ("max_slots", "max-slots") and sep and value.isdigit():
+            cap = int(value)  # OpenMPI's cap: a job that asks this host for more is refused
+        else:
+            raise ValueError(f"{where}: cannot read {option!r} (expected slots=N, share=N or addr=IP[,IP...])")
+    if cap is not None and slots > cap:
+        raise ValueError(f"{where}: {slots} ranks asked of {name}, over its max_slots={cap} "
+                         f"(give it slots=N of at most {cap}, or a smaller --nproc)")
+    return _host(name, slots, addrs, where, share)
+
+
+def mlx_hosts(path: str, text: str, default_slots: int) -> list[Host]:
+    """MLX's JSON hostfile (what ``mlx.distributed_config`` writes): a list of
+    ``{"ssh": "[user@]host", "ips": [...]}``, or ``{"hosts": [...], "backend": ...}``. One
+    rank per entry in MLX, so an entry repeated in a row is one host with more slots
+    (``default_slots`` per entry). ``ips`` are its data addresses: in a Thunderbolt ring, the one
+    on each cable from a neighbour (each agent adds its own end of the cables to the others,
+    ``netaddr.facing``). ``rdma`` and ``backend`` (JACCL, MLX's own) are not ours to use."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: not JSON ({exc.msg}), as an MLX hostfile is") from None
+    if isinstance(data, dict):
+        if data.get("envs"):
+            raise ValueError(f"{path}: its \"envs\" are for MLX's launcher; give them to macfleet's with --env K=V")
+        data = data.get("hosts")
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a list of hosts, or {{\"hosts\": [...]}}, as MLX's hostfiles are")
+    hosts: list[Host] = []
+    for i, entry in enumerate(data):
+        where = f"{path}: host {i + 1}"
+        ips = entry.get("ips", []) if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not isinstance(entry.get("ssh"), str) or not isinstance(ips, list) \
+                or not all(isinstance(ip, str) for ip in ips):
+            raise ValueError(f"{where}: expected {{\"ssh\": \"[user@]host\", \"ips\": [\"IP\", ...]}}, not {entry!r}")
+        host = _host(entry["ssh"], default_slots, data_addresses(",".join(ips), f"{where}: ") if ips else (), where)
+        if hosts and (hosts[-1].ssh_target, hosts[-1].addrs) == (host.ssh_target, host.addrs):
+            hosts[-1] = replace(hosts[-1], slots=hosts[-1].slots + default_slots)  # MLX's -n: a rank per entry
+        else:
+            hosts.append(host)
     return hosts
 
 

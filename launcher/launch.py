@@ -152,6 +152,14 @@ def plan_addresses(cfg: LaunchConfig) -> tuple[list[list[str]], list[str], list[
     return data, control, binds
 
 
+def neighbour_addrs(data_addrs: list[list[str]], index: int) -> list[str]:
+    """The data addresses of the hosts before and after host ``index`` in the ring: its agent
+    adds its own end of any cable to them (``workers.agent.data_addresses``)."""
+    n = len(data_addrs)
+    around = [i for i in dict.fromkeys([(index - 1) % n, (index + 1) % n]) if i != index]
+    return [addr for i in around for addr in data_addrs[i]]
+
+
 def shares_env(hosts: list[Host]) -> dict[str, str]:
     """``MACFLEET_SHARES`` from the hosts' ``share=``, one per rank (``macfleet.shares()``);
     nothing where every host has the default. Made for the hosts of this attempt, so it
@@ -191,6 +199,7 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
                 env={**forwarded, **cfg.env, **shares_env(cfg.hosts)},
                 grace_s=cfg.grace_s, prefix_host=len(cfg.hosts) > 1, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
                 log_dir=cfg.log_dir, show_ranks=cfg.show_ranks,
+                neighbour_addrs=neighbour_addrs(data_addrs, index),
             )
             try:
                 agents.append(start_agent(spec, host, cfg))

@@ -103,6 +103,61 @@ def interface_of(addr: str) -> str | None:
     return None
 
 
+def facing(peer: str, networks: list[ipaddress.IPv4Interface | ipaddress.IPv6Interface] | None = None) -> str | None:
+    """This Mac's address on a subnet that holds ``peer``: its own end of the cable to a Mac
+    it is cabled to. None if no interface's subnet holds it, or the address is this Mac's.
+    ``networks``: ``local_networks()``, when the caller asks about several peers."""
+    try:
+        target = _unmapped(ipaddress.ip_address(peer.strip("[]")))
+    except ValueError:
+        return None
+    mine = [net for net in (local_networks() if networks is None else networks) if not net.ip.is_loopback]
+    if any(net.ip == target for net in mine):
+        return None
+    return next((str(net.ip) for net in mine if target in net.network and net.network.prefixlen < net.max_prefixlen),
+                None)
+
+
+def local_networks() -> list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]:
+    """Every address of this machine with its subnet (``10.0.0.2/24``), from ``ip`` (Linux) or
+    ``ifconfig`` (macOS)."""
+    for command in (["ip", "-o", "addr", "show"], ["ifconfig"]):
+        try:
+            out = subprocess.run(command, capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out:
+            return _ip_networks(out) if command[0] == "ip" else ifconfig_networks(out)
+    return []
+
+
+def _ip_networks(text: str) -> list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]:
+    """From ``ip -o addr show``: "2: eth0    inet 10.0.0.2/24 brd ..." per address."""
+    found = []
+    for fields in (line.split() for line in text.splitlines()):
+        if len(fields) > 3 and fields[2] in ("inet", "inet6"):
+            try:
+                found.append(ipaddress.ip_interface(fields[3]))
+            except ValueError:
+                continue
+    return found
+
+
+def ifconfig_networks(text: str) -> list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]:
+    """From macOS's ``ifconfig``: "inet 192.168.0.1 netmask 0xfffffffc broadcast ..." and
+    "inet6 fe80::1%en0 prefixlen 64 ..." lines."""
+    found: list[ipaddress.IPv4Interface | ipaddress.IPv6Interface] = []
+    for fields in (line.split() for line in text.splitlines()):
+        try:
+            if len(fields) > 3 and fields[0] == "inet" and fields[2] == "netmask":
+                found.append(ipaddress.IPv4Interface(f"{fields[1]}/{ipaddress.IPv4Address(int(fields[3], 16))}"))
+            elif len(fields) > 3 and fields[0] == "inet6" and fields[2] == "prefixlen":
+                found.append(ipaddress.IPv6Interface(f"{fields[1].split('%')[0]}/{fields[3]}"))
+        except ValueError:
+            continue
+    return found
+
+
 def link_of(addr: str) -> str | None:
     """The interface that holds ``addr``, with what kind of link it is where the system says:
     ``en0 (Wi-Fi)``, ``bridge0 (Thunderbolt Bridge)``, ``eth0``. None if no interface holds it."""

@@ -94,6 +94,7 @@ class AgentSpec:
     heartbeat_timeout_s: float = 10.0  # the agent stops its ranks when the launcher is silent this long
     log_dir: str | None = None  # also write each rank's output to rank-K.log here (relative to cwd)
     show_ranks: list[int] | None = None  # the ranks whose output reaches the terminal (None: all)
+    neighbour_addrs: list[str] = field(default_factory=list)  # the data addresses of the hosts before and after
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -447,11 +447,16 @@ def test_collectives_across_network_namespaces(netns_hosts, tmp_path) -> None:
         assert torch.allclose(got[name], want[name], atol=1e-5, rtol=0), name
 
 
-def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_hosts, tmp_path) -> None:
+@pytest.mark.parametrize("hostfile_format", ["macfleet", "mlx"])
+def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_hosts, tmp_path,
+                                                                      hostfile_format: str) -> None:
     """Three Macs in a ring of Thunderbolt cables, each cable with a subnet of its own (MLX's
     setup): each Mac has two data addresses, and reaches a neighbour only at the address on
     the cable between them. Each rank sends to both neighbours, each over their cable, and
-    nothing of the data goes over the network the launcher reaches them by (the bridge)."""
+    nothing of the data goes over the network the launcher reaches them by (the bridge).
+    The hostfile lists both addresses of each Mac (ours), or, as mlx.distributed_config writes
+    it (JSON), only the one its previous neighbour connects to: each agent adds its own end of
+    the cable to the next."""
     import netns
     import sshd as helper
 
@@ -463,14 +468,20 @@ def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_ho
                                          prefix=third.exec_prefix()))
         ring = [*hosts, third]
         cables += [netns.cable(ring[k], ring[(k + 1) % 3], k + 1) for k in range(3)]  # k: ring[k] -> ring[k + 1]
-        # each Mac's main address is on the cable to the next, except the second's: the order
-        # of its addresses must not matter
-        addrs = [[cables[k].a_addr, cables[k - 1].b_addr] for k in range(3)]
-        ends = [[(cables[k].a, cables[k].a_dev), (cables[k - 1].b, cables[k - 1].b_dev)] for k in range(3)]
-        addrs[1].reverse()
-        ends[1].reverse()
         hostfile = tmp_path / "hosts"
-        hostfile.write_text("".join(f"{h.addr} slots=1 addr={','.join(a)}\n" for h, a in zip(ring, addrs, strict=True)))
+        if hostfile_format == "mlx":
+            addrs = [[cables[k - 1].b_addr, cables[k].a_addr] for k in range(3)]  # listed, then added by the agent
+            ends = [[(cables[k - 1].b, cables[k - 1].b_dev), (cables[k].a, cables[k].a_dev)] for k in range(3)]
+            hostfile.write_text(json.dumps([{"ssh": h.addr, "ips": a[:1]} for h, a in zip(ring, addrs, strict=True)]))
+        else:
+            # each Mac's main address is on the cable to the next, except the second's: the order
+            # of its addresses must not matter
+            addrs = [[cables[k].a_addr, cables[k - 1].b_addr] for k in range(3)]
+            ends = [[(cables[k].a, cables[k].a_dev), (cables[k - 1].b, cables[k - 1].b_dev)] for k in range(3)]
+            addrs[1].reverse()
+            ends[1].reverse()
+            hostfile.write_text("".join(f"{h.addr} slots=1 addr={','.join(a)}\n" for h, a in zip(ring, addrs,
+                                                                                                strict=True)))
         watched = [*(end for pair in ends for end in pair), *((h, h.veth) for h in ring)]
         sent = {dev: netns.tx_bytes(h, dev) for h, dev in watched}
         numel = 4 << 20  # 16 MiB of float32: each Mac sends about 5 MiB each way round the ring
@@ -507,7 +518,8 @@ def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_ho
         row = next(line for line in doctor.stdout.splitlines() if line.startswith(h.addr + " "))
         assert f" {','.join(a)} on {','.join(dev for _, dev in e)} " in row, row
     assert bench.returncode == 0, bench.stdout + bench.stderr
-    assert "timing macfleet alone: 10.77.0.2, 10.77.0.3, 10.77.0.4 have one address per cable" in bench.stderr
+    assert "timing macfleet alone: 10.77.0.2, 10.77.0.3, 10.77.0.4 have one address per cable" in bench.stderr, \
+        bench.stderr
     table = bench.stdout[bench.stdout.index("all-reduce, 3 ranks"):].splitlines()
     assert "gloo" not in "\n".join(table) and [row.split()[0] for row in table[2:]] == ["4K", "1M"], bench.stdout
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import gzip
+import json
 import os
 import pty
 import shutil
@@ -100,6 +101,27 @@ def test_the_launcher_knows_a_mac_s_wifi_from_its_other_links() -> None:
     assert netaddr.link_of("203.0.113.254") is None
     # a Mac with a cable to each neighbour: Wi-Fi on any of its links is flagged
     assert netaddr.over_wifi("en5 (Thunderbolt 1),en1 (Wi-Fi)") and not netaddr.over_wifi("en5,en6")
+
+
+def test_a_mac_finds_its_own_end_of_the_cable_to_a_neighbour() -> None:
+    """macOS's ifconfig (netmasks in hex), and the subnet that holds a neighbour's address."""
+    text = ("lo0: flags=8049<UP,LOOPBACK,RUNNING,MULTICAST> mtu 16384\n\tinet 127.0.0.1 netmask 0xff000000\n"
+            "\tinet6 ::1 prefixlen 128\n\tinet6 fe80::1%lo0 prefixlen 64 scopeid 0x1\n"
+            "en0: flags=8863<UP,BROADCAST,SMART,RUNNING,SIMPLEX,MULTICAST> mtu 1500\n"
+            "\tinet 192.168.1.20 netmask 0xffffff00 broadcast 192.168.1.255\n"
+            "en2: flags=8863<UP,BROADCAST,SMART,RUNNING,SIMPLEX,MULTICAST> mtu 9000\n"
+            "\tinet 192.168.0.1 netmask 0xfffffffc broadcast 192.168.0.3\n"
+            "en3: flags=8863<UP,BROADCAST,SMART,RUNNING,SIMPLEX,MULTICAST> mtu 9000\n"
+            "\tinet6 fd00:7::1 prefixlen 64\n")
+    networks = netaddr.ifconfig_networks(text)
+    assert [str(n) for n in networks] == ["127.0.0.1/8", "::1/128", "fe80::1/64", "192.168.1.20/24", "192.168.0.1/30",
+                                          "fd00:7::1/64"]
+    assert netaddr.facing("192.168.0.2", networks) == "192.168.0.1"  # the cable on en2
+    assert netaddr.facing("192.168.1.7", networks) == "192.168.1.20"
+    assert netaddr.facing("fd00:7::2", networks) == "fd00:7::1"
+    assert netaddr.facing("192.168.0.6", networks) is None  # another cable's subnet
+    assert netaddr.facing("192.168.0.1", networks) is None  # its own
+    assert netaddr.facing("127.0.0.2", networks) is None  # loopback is no cable
 
 
 def test_a_peer_with_several_addresses_is_reached_at_the_one_on_a_shared_subnet() -> None:
@@ -230,6 +252,32 @@ def test_hostfile_names_the_bad_line(tmp_path) -> None:
         parse_hostfile(str(path), default_slots=2)
     path.write_text("mini1 slots=5 max_slots=4\n")
     with pytest.raises(ValueError, match=r":1: 5 ranks asked of mini1, over its max_slots=4"):
+        parse_hostfile(str(path))
+
+
+def test_mlx_hostfiles_are_read_as_they_are(tmp_path) -> None:
+    """What mlx.distributed_config writes (a JSON list of {"ssh", "ips"}), and the object form
+    with "hosts": one rank per entry, so entries repeated in a row are one host's slots."""
+    path = tmp_path / "hosts.json"
+    path.write_text(json.dumps([{"ssh": "studio1", "ips": ["192.168.0.2"]},
+                                {"ssh": "alice@studio2", "ips": ["192.168.0.6"], "rdma": [None, "rdma_en3"]},
+                                {"ssh": "alice@studio2", "ips": ["192.168.0.6"]}, {"ssh": "air"}]))
+    hosts = parse_hostfile(str(path), default_slots=2)
+    assert [(h.name, h.user, h.slots, h.addrs) for h in hosts] == [
+        ("studio1", None, 2, ("192.168.0.2",)), ("studio2", "alice", 4, ("192.168.0.6",)), ("air", None, 2, ())]
+    path.write_text(json.dumps({"backend": "ring", "hosts": [{"ssh": "a", "ips": []}, {"ssh": "b"}]}))
+    assert [h.name for h in parse_hostfile(str(path))] == ["a", "b"]
+    for bad, said in (({"envs": ["X=1"], "hosts": [{"ssh": "a"}]}, r"its \"envs\" are for MLX's launcher; give them "
+                                                                   r"to macfleet's with --env K=V"),
+                      ([{"ips": ["10.0.0.1"]}], r"host 1: expected \{\"ssh\""),
+                      ([{"ssh": "a", "ips": ["a.local"]}], r"host 1: a.local is not an IP address"),
+                      ([{"ssh": "a"}, {"ssh": "b"}, {"ssh": "a"}], r"host a is listed twice"),
+                      ({"hosts": "a,b"}, r"expected a list of hosts")):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=said):
+            parse_hostfile(str(path))
+    path.write_text('[{"ssh": "a",\n "ips": [}]')
+    with pytest.raises(ValueError, match=r"hosts.json:2: not JSON"):
         parse_hostfile(str(path))
 
 

@@ -112,7 +112,12 @@ def _memory_gb() -> float | None:
 def data_addresses(spec: AgentSpec) -> list[str]:
     """Where this host's ranks bind their ring sockets, the main address first: never all
     interfaces. Raises ``ValueError`` for an address that is not this machine's (``addr=`` in a
-    hostfile, say, naming another Mac's), before any rank tries to bind to it."""
+    hostfile, say, naming another Mac's), before any rank tries to bind to it.
+
+    To the addresses given, it adds this Mac's own end of each cable to a neighbour whose
+    given address is on that cable's subnet: MLX's Thunderbolt hostfiles list, for each Mac,
+    the address its previous neighbour connects to, and macfleet's ring also sends the other
+    way round."""
     if spec.data_iface:
         return [netaddr.interface_address(spec.data_iface)]
     if not spec.data_addrs:
@@ -125,7 +130,13 @@ def data_addresses(spec: AgentSpec) -> list[str]:
                              f"machine ({socket.gethostname()}). It came from addr= in the hostfile, --data-addr, "
                              f"or this host's name as the launching Mac resolves it: give one of this machine's "
                              f"own addresses with addr=, or its interface with --data-iface") from None
-    return list(spec.data_addrs)
+    addrs = list(spec.data_addrs)
+    networks = netaddr.local_networks() if spec.neighbour_addrs else []
+    for peer in spec.neighbour_addrs:
+        own = netaddr.facing(peer, networks)
+        if own is not None and own not in addrs:
+            addrs.append(own)
+    return addrs
 
 
 def stacks_file(error_file: str) -> str:

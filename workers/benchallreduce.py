@@ -70,6 +70,17 @@ def main() -> None:
     args = parser.parse_args()
     macfleet.init(device="cpu")
     rank, world = macfleet.rank(), macfleet.world_size()
+    # A host with one address per cable (its agent adds its own ends of them) is in a ring of
+    # cables, where not every Mac reaches every other: gloo, which connects every rank to every
+    # other over one interface, would wait for its connections for 30 minutes.
+    env = runtime().env
+    cabled = sorted({host for host, n in macfleet.all_gather_object((env.host, len(env.data_addrs))) if n > 1})
+    if cabled and not args.no_gloo:
+        args.no_gloo = True
+        if rank == 0:
+            print(f"timing macfleet alone: {', '.join(cabled)} {'has' if len(cabled) == 1 else 'have'} one address "
+                  f"per cable, and gloo connects every rank to every other over one interface", file=sys.stderr,
+                  flush=True)
     if not args.no_gloo:
         dist.init_process_group("gloo", rank=rank, world_size=world)  # MASTER_ADDR/PORT from the launcher
     dtype = DTYPES[args.dtype]
