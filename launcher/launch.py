@@ -261,6 +261,12 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
                 if wifi:
                     log(f"{', '.join(wifi)} train{'s' if len(wifi) == 1 else ''} over Wi-Fi: every step "
                         f"waits on a link 10-50x slower than a cable; {CABLE_ADVICE}")
+                cabled = [agents[i].host.name for i, hello in sorted(coord.hellos.items())
+                          if len(hello.get("data_addrs") or ()) > 1]
+                if cabled:  # else a script's init_process_group waits for connections that never come
+                    log(f"{', '.join(cabled)} {'has' if len(cabled) == 1 else 'have'} one address per cable: "
+                        f"macfleet's ring sends over each; torch.distributed (gloo), if the script uses it "
+                        f"itself, needs a network on which every Mac reaches every other")
         for index, agent in enumerate(agents):
             if agent.proc.poll() is not None and index not in coord.hellos and index not in unreached.hosts and \
                     not agent.host.is_local and agent.proc.returncode == 255:

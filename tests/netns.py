@@ -68,11 +68,15 @@ def add(i: int, ipv6: bool) -> NetnsHost:
     _ip("netns", "exec", host.name, "ip", "addr", "add", f"{host.addr}/24", "dev", host.veth)
     _ip("netns", "exec", host.name, "ip", "link", "set", host.veth, "up")
     _ip("netns", "exec", host.name, "ip", "link", "set", "lo", "up")
+    # A host made again (after remove) has a new link-layer address: what this namespace still
+    # knows of the old one sends its packets nowhere for seconds (ssh to it timed out).
+    subprocess.run(["ip", "neigh", "flush", "to", host.addr], capture_output=True)
     if ipv6:
         host.addr6 = f"{SUBNET6}:{i + 1}"
         # kept while set_link cuts the link: the kernel drops IPv6 addresses of a link that goes down
         _ip("netns", "exec", host.name, "sysctl", "-w", f"net.ipv6.conf.{host.veth}.keep_addr_on_down=1")
         _ip("netns", "exec", host.name, "ip", "-6", "addr", "add", f"{host.addr6}/64", "dev", host.veth, "nodad")
+        subprocess.run(["ip", "-6", "neigh", "flush", "to", host.addr6], capture_output=True)
     return host
 
 

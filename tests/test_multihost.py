@@ -507,6 +507,8 @@ def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_ho
         netns.remove(3)
     table = job.stderr[job.stderr.index("3 ranks on 3 hosts"):].splitlines()[2:5]
     assert [line.split()[2] for line in table] == [",".join(a) for a in addrs], table
+    assert "10.77.0.2, 10.77.0.3, 10.77.0.4 have one address per cable: macfleet's ring sends over each; " \
+           "torch.distributed (gloo)" in job.stderr, job.stderr
     assert [line.split()[3] for line in table] == [",".join(dev for _, dev in e) for e in ends], table
     for pair in ends:
         for _, dev in pair:
