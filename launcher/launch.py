@@ -443,3 +443,8 @@ def run_on_reachable_hosts(cfg: LaunchConfig, stdin: StdinRelay | None) -> tuple
         ranks = f"{job.world_size} rank{'s' if job.world_size > 1 else ''}"
         log(f"going on without {', '.join(gone)}: {ranks} on {len(job.hosts)} of {len(cfg.hosts)} hosts "
             f"(--min-hosts {cfg.min_hosts}){moved}")
+        if job.show_ranks is not None and max(job.show_ranks) >= job.world_size:  # checked against every host
+            shown = [r for r in job.show_ranks if r < job.world_size]
+            log(f"--show-ranks: no rank {', '.join(str(r) for r in job.show_ranks if r >= job.world_size)} now; "
+                + (f"showing {', '.join(map(str, shown))}" if shown else "showing rank 0"))
+            job = dataclasses.replace(job, show_ranks=shown or [0])

@@ -286,15 +286,18 @@ def test_with_min_hosts_the_job_starts_on_the_hosts_it_can_reach(sshd) -> None:
 def test_each_host_s_share_reaches_its_ranks_and_follows_the_hosts_that_run(sshd, tmp_path) -> None:
     """share= in a hostfile reaches every rank as macfleet.shares(), one per rank in rank
     order. With a Mac left out (--min-hosts), they are the other Macs' shares: a list made for
-    the whole host list would not match the ranks, and the script would stop."""
+    the whole host list would not match the ranks, and the script would stop. (Only the ranks
+    --show-ranks names show their output.)"""
     hostfile = tmp_path / "hosts"
     hostfile.write_text("127.0.0.2 slots=1 share=3\n127.0.0.9 slots=1 share=2\n127.0.0.3 slots=2\n")
     job = run_launch("--hostfile", str(hostfile), *sshd.launch_options(), "--ssh-connect-timeout", "5",
-                     "--min-hosts", "2", BEHAVE, "-1", "env", timeout=90)
+                     "--min-hosts", "2", "--show-ranks", "0,2,3", BEHAVE, "-1", "env", timeout=90)
     assert job.code == 0, job.output
     assert "going on without 127.0.0.9: 3 ranks on 2 of 3 hosts" in job.stderr, job.stderr
     seen = sorted((env["RANK"], env["shares"]) for env in map(json.loads, re.findall(r"\] ENV (.*)", job.stdout)))
-    assert seen == [(str(r), [3, 1, 1]) for r in range(3)], job.stdout
+    assert seen == [("0", [3, 1, 1]), ("2", [3, 1, 1])], job.stdout
+    # --show-ranks was checked against the whole host list: rank 3 is no more, and says so
+    assert "--show-ranks: no rank 3 now; showing 0, 2" in job.stderr, job.stderr
 
 
 def test_a_mac_lost_mid_run_is_left_out_at_the_restart(sshd, tmp_path) -> None:
