@@ -133,11 +133,21 @@ def set_rate(host: NetnsHost, rate: str | None) -> None:
     """Shape both directions of a host's link to ``rate`` (tc's units: 100mbit, 10gbit), as a
     slower cable or Wi-Fi would; ``None`` takes the shaping off again."""
     for prefix, dev in ((host.exec_prefix(), host.veth), ([], f"{host.veth}p")):  # its egress, the bridge's towards it
-        if rate is None:
-            subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
-        else:
-            subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
-                            "burst", BURST.get(rate, "1mb"), "latency", "100ms"], check=True, capture_output=True)
+        _shape(prefix, dev, rate)
+
+
+def set_cable_rate(c: Cable, rate: str | None) -> None:
+    """``set_rate`` for a cable: both of its directions."""
+    for host, dev in ((c.a, c.a_dev), (c.b, c.b_dev)):
+        _shape(host.exec_prefix(), dev, rate)
+
+
+def _shape(prefix: list[str], dev: str, rate: str | None) -> None:
+    if rate is None:
+        subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
+    else:
+        subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
+                        "burst", BURST.get(rate, "1mb"), "latency", "100ms"], check=True, capture_output=True)
 
 
 def destroy(count: int) -> None:
