@@ -12,6 +12,8 @@ import sys
 
 import zmq
 
+Network = ipaddress.IPv4Interface | ipaddress.IPv6Interface  # an address with its subnet: 10.0.0.2/24
+
 SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's (primary) IPv4 address
 WIFI = "Wi-Fi"  # what link_of calls a wireless link, as System Settings does
 PROBE_TIMEOUT_S = 3.0
@@ -81,29 +83,16 @@ def interface_address(iface: str) -> str:
 
 def interface_of(addr: str) -> str | None:
     """The name of the network interface that holds ``addr``, or None if none is found."""
-    for command in (["ip", "-o", "addr", "show"], ["ifconfig"]):
-        try:
-            out = subprocess.run(command, capture_output=True, text=True, timeout=5).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        current = None
-        for line in out.splitlines():
-            if command[0] == "ip":  # "2: eth0    inet 10.0.0.2/24 ..."
-                fields = line.split()
-                if len(fields) > 3 and fields[3].split("/")[0] == addr:
-                    return fields[1].split("@")[0]
-            else:  # ifconfig: "en0: flags=..." then indented "inet 10.0.0.2 netmask ..."
-                if line and not line[0].isspace():
-                    current = line.split(":")[0]
-                elif current and re.search(rf"\binet6? {re.escape(addr)}\b", line):
-                    return current
+    for name, net in held_addresses():
+        if _same_address(str(net.ip), addr):
+            return name
     for name, held in _kernel_addresses():
         if _same_address(held, addr):
             return name
     return None
 
 
-def facing(peer: str, networks: list[ipaddress.IPv4Interface | ipaddress.IPv6Interface] | None = None) -> str | None:
+def facing(peer: str, networks: list[Network] | None = None) -> str | None:
     """This Mac's address on a subnet that holds ``peer``: its own end of the cable to a Mac
     it is cabled to. None if no interface's subnet holds it, or the address is this Mac's.
     ``networks``: ``local_networks()``, when the caller asks about several peers."""
@@ -118,41 +107,51 @@ def facing(peer: str, networks: list[ipaddress.IPv4Interface | ipaddress.IPv6Int
                 None)
 
 
-def local_networks() -> list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]:
-    """Every address of this machine with its subnet (``10.0.0.2/24``), from ``ip`` (Linux) or
-    ``ifconfig`` (macOS)."""
+def local_networks() -> list[Network]:
+    """Every address of this machine with its subnet (``10.0.0.2/24``)."""
+    return [net for _, net in held_addresses()]
+
+
+def held_addresses() -> list[tuple[str, Network]]:
+    """(interface, address with its subnet) for every address of this machine, from ``ip``
+    (Linux) or ``ifconfig`` (macOS); empty where neither runs."""
     for command in (["ip", "-o", "addr", "show"], ["ifconfig"]):
         try:
             out = subprocess.run(command, capture_output=True, text=True, timeout=5).stdout
         except (OSError, subprocess.TimeoutExpired):
             continue
         if out:
-            return _ip_networks(out) if command[0] == "ip" else ifconfig_networks(out)
+            return _ip_addresses(out) if command[0] == "ip" else ifconfig_addresses(out)
     return []
 
 
-def _ip_networks(text: str) -> list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]:
+def _ip_addresses(text: str) -> list[tuple[str, Network]]:
     """From ``ip -o addr show``: "2: eth0    inet 10.0.0.2/24 brd ..." per address."""
     found = []
     for fields in (line.split() for line in text.splitlines()):
         if len(fields) > 3 and fields[2] in ("inet", "inet6"):
             try:
-                found.append(ipaddress.ip_interface(fields[3]))
+                found.append((fields[1].split("@")[0], ipaddress.ip_interface(fields[3])))
             except ValueError:
                 continue
     return found
 
 
-def ifconfig_networks(text: str) -> list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]:
-    """From macOS's ``ifconfig``: "inet 192.168.0.1 netmask 0xfffffffc broadcast ..." and
-    "inet6 fe80::1%en0 prefixlen 64 ..." lines."""
-    found: list[ipaddress.IPv4Interface | ipaddress.IPv6Interface] = []
-    for fields in (line.split() for line in text.splitlines()):
+def ifconfig_addresses(text: str) -> list[tuple[str, Network]]:
+    """From macOS's ``ifconfig``: "en0: flags=..." then indented "inet 192.168.0.1 netmask
+    0xfffffffc broadcast ..." and "inet6 fe80::1%en0 prefixlen 64 ..." lines."""
+    found: list[tuple[str, Network]] = []
+    iface = None
+    for line in text.splitlines():
+        fields = line.split()
+        if line and not line[0].isspace():
+            iface = line.split(":")[0]
         try:
-            if len(fields) > 3 and fields[0] == "inet" and fields[2] == "netmask":
-                found.append(ipaddress.IPv4Interface(f"{fields[1]}/{ipaddress.IPv4Address(int(fields[3], 16))}"))
-            elif len(fields) > 3 and fields[0] == "inet6" and fields[2] == "prefixlen":
-                found.append(ipaddress.IPv6Interface(f"{fields[1].split('%')[0]}/{fields[3]}"))
+            if iface and len(fields) > 3 and fields[0] == "inet" and fields[2] == "netmask":
+                mask = ipaddress.IPv4Address(int(fields[3], 16))  # 0xfffffffc
+                found.append((iface, ipaddress.IPv4Interface(f"{fields[1]}/{mask}")))
+            elif iface and len(fields) > 3 and fields[0] == "inet6" and fields[2] == "prefixlen":
+                found.append((iface, ipaddress.IPv6Interface(f"{fields[1].split('%')[0]}/{fields[3]}")))
         except ValueError:
             continue
     return found

@@ -113,9 +113,11 @@ def test_a_mac_finds_its_own_end_of_the_cable_to_a_neighbour() -> None:
             "\tinet 192.168.0.1 netmask 0xfffffffc broadcast 192.168.0.3\n"
             "en3: flags=8863<UP,BROADCAST,SMART,RUNNING,SIMPLEX,MULTICAST> mtu 9000\n"
             "\tinet6 fd00:7::1 prefixlen 64\n")
-    networks = netaddr.ifconfig_networks(text)
-    assert [str(n) for n in networks] == ["127.0.0.1/8", "::1/128", "fe80::1/64", "192.168.1.20/24", "192.168.0.1/30",
-                                          "fd00:7::1/64"]
+    held = netaddr.ifconfig_addresses(text)
+    assert [(iface, str(net)) for iface, net in held] == [
+        ("lo0", "127.0.0.1/8"), ("lo0", "::1/128"), ("lo0", "fe80::1/64"), ("en0", "192.168.1.20/24"),
+        ("en2", "192.168.0.1/30"), ("en3", "fd00:7::1/64")]
+    networks = [net for _, net in held]
     assert netaddr.facing("192.168.0.2", networks) == "192.168.0.1"  # the cable on en2
     assert netaddr.facing("192.168.1.7", networks) == "192.168.1.20"
     assert netaddr.facing("fd00:7::2", networks) == "fd00:7::1"
