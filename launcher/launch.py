@@ -152,12 +152,15 @@ def plan_addresses(cfg: LaunchConfig) -> tuple[list[list[str]], list[str], list[
     return data, control, binds
 
 
-def neighbour_addrs(data_addrs: list[list[str]], index: int) -> list[str]:
-    """The data addresses of the hosts before and after host ``index`` in the ring: its agent
-    adds its own end of any cable to them (``workers.agent.data_addresses``)."""
-    n = len(data_addrs)
+def neighbour_addrs(cfg: LaunchConfig, index: int) -> list[str]:
+    """The data addresses given (addr=, MLX's ips) for the hosts before and after host
+    ``index`` in the ring, where its own are given too: its agent adds its own end of any cable
+    to them (``workers.agent.data_addresses``). Addresses the launcher found by name are left
+    out: a Mac's other interfaces on the network they name are not cables to train over."""
+    given = [h.addrs or (cfg.data_addrs if h.is_local else ()) for h in cfg.hosts]
+    n = len(given)
     around = [i for i in dict.fromkeys([(index - 1) % n, (index + 1) % n]) if i != index]
-    return [addr for i in around for addr in data_addrs[i]]
+    return [addr for i in around for addr in given[i]] if given[index] else []
 
 
 def shares_env(hosts: list[Host]) -> dict[str, str]:
@@ -199,7 +202,7 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
                 env={**forwarded, **cfg.env, **shares_env(cfg.hosts)},
                 grace_s=cfg.grace_s, prefix_host=len(cfg.hosts) > 1, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
                 log_dir=cfg.log_dir, show_ranks=cfg.show_ranks,
-                neighbour_addrs=neighbour_addrs(data_addrs, index),
+                neighbour_addrs=neighbour_addrs(cfg, index),
             )
             try:
                 agents.append(start_agent(spec, host, cfg))
