@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from macfleet import protocol
+from macfleet.launcher import cabling
 from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
@@ -309,6 +310,17 @@ def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> No
     if versions_differ(facts) and not cfg.allow_version_mismatch:
         log("hosts disagree on versions (--allow-version-mismatch to run anyway):\n" + facts_table(names, facts))
         coord.fail(Failure(time.time(), "hosts run different torch or macfleet versions"))
+        return
+    nets = [list(coord.hellos[i].get("data_nets") or []) for i in range(len(agents))]
+    missing = cabling.gaps(nets) if any(len(n) > 1 for n in nets) else []  # a ring of cables, a subnet each
+    if missing:
+        order = cabling.ring_order(nets)
+        fix = (f"list them in cabling order: {', '.join(names[i] for i in order)}" if order else
+               "the cables join no ring through every host")
+        pairs = "; ".join(f"{names[i]} and {names[j]}" for i, j in missing)
+        coord.fail(Failure(time.time(), f"no cable joins hosts next to each other in the host list ({pairs}: no "
+                                        f"subnet holds a data address of each), and the ring sends from each Mac "
+                                        f"to the next; {fix}"))
         return
     coord.start_agents(master_addr=str(coord.hellos[0].get("data_addr", "")))
 

@@ -107,6 +107,13 @@ def facing(peer: str, networks: list[Network] | None = None) -> str | None:
                 None)
 
 
+def with_subnets(addrs: list[str], networks: list[Network]) -> list[str]:
+    """Each of ``addrs`` with its subnet from ``networks`` (``10.78.1.1/30``); alone where none
+    holds it."""
+    found = {net.ip: net for net in networks}
+    return [str(found.get(ipaddress.ip_address(a), ipaddress.ip_interface(a))) for a in addrs]
+
+
 def local_networks() -> list[Network]:
     """Every address of this machine with its subnet (``10.0.0.2/24``)."""
     return [net for _, net in held_addresses()]

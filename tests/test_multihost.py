@@ -9,6 +9,8 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -450,6 +452,32 @@ def test_collectives_across_network_namespaces(netns_hosts, tmp_path) -> None:
         assert torch.allclose(got[name], want[name], atol=1e-5, rtol=0), name
 
 
+@contextmanager
+def cable_ring(netns_hosts, count: int) -> Iterator[tuple[list, list]]:
+    """``count`` namespace hosts (the fixture's two and more, each with an sshd) in a ring of
+    veth cables, a /30 each: cable k joins host k (its ``a`` end) to host k + 1. Nothing routes
+    between cables. Yields (hosts, cables); removes what it added."""
+    import netns
+    import sshd as helper
+
+    hosts, server = netns_hosts
+    more = [netns.add(i, ipv6=hosts[0].addr6 is not None) for i in range(3, count + 1)]
+    servers, cables = [], []
+    try:
+        servers += [helper.start_sshd(server.identity.parent, [h.addr], port=server.port, prefix=h.exec_prefix())
+                    for h in more]
+        ring = [*hosts, *more]
+        cables += [netns.cable(ring[k], ring[(k + 1) % count], k + 1) for k in range(count)]
+        yield ring, cables
+    finally:
+        for sshd_server in servers:
+            sshd_server.stop()
+        for c in cables:
+            netns.uncable(c)
+        for i in range(3, count + 1):
+            netns.remove(i)
+
+
 @pytest.mark.parametrize("hostfile_format", ["macfleet", "mlx"])
 def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_hosts, tmp_path,
                                                                       hostfile_format: str) -> None:
@@ -461,16 +489,9 @@ def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_ho
     it (JSON), only the one its previous neighbour connects to: each agent adds its own end of
     the cable to the next."""
     import netns
-    import sshd as helper
 
-    hosts, server = netns_hosts
-    third = netns.add(3, ipv6=hosts[0].addr6 is not None)
-    servers, cables = [], []
-    try:
-        servers.append(helper.start_sshd(server.identity.parent, [third.addr], port=server.port,
-                                         prefix=third.exec_prefix()))
-        ring = [*hosts, third]
-        cables += [netns.cable(ring[k], ring[(k + 1) % 3], k + 1) for k in range(3)]  # k: ring[k] -> ring[k + 1]
+    server = netns_hosts[1]
+    with cable_ring(netns_hosts, 3) as (ring, cables):
         hostfile = tmp_path / "hosts"
         if hostfile_format == "mlx":
             addrs = [[cables[k - 1].b_addr, cables[k].a_addr] for k in range(3)]  # listed, then added by the agent
@@ -502,12 +523,6 @@ def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_ho
         bench = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "bench", "allreduce", "--hostfile",
                                 str(hostfile), *server.launch_options(), "--sizes", "4K,1M", "--budget", "0.1"],
                                capture_output=True, text=True, timeout=120)
-    finally:
-        for s in servers:
-            s.stop()
-        for c in cables:
-            netns.uncable(c)
-        netns.remove(3)
     table = job.stderr[job.stderr.index("3 ranks on 3 hosts"):].splitlines()[2:5]
     assert [line.split()[2] for line in table] == [",".join(a) for a in addrs], table
     assert "10.77.0.2, 10.77.0.3, 10.77.0.4 have one address per cable: macfleet's ring sends over each; " \
@@ -527,6 +542,25 @@ def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_ho
         bench.stderr
     table = bench.stdout[bench.stdout.index("all-reduce, 3 ranks"):].splitlines()
     assert "gloo" not in "\n".join(table) and [row.split()[0] for row in table[2:]] == ["4K", "1M"], bench.stdout
+
+
+def test_macs_listed_out_of_cabling_order_are_named_with_the_order_that_works(netns_hosts, tmp_path) -> None:
+    """Four Macs in a ring of cables, listed A, C, B, D: A and C have no cable between them, nor
+    B and D. Every rank waited for its connect timeout, and said only that it could not
+    connect. The launcher now refuses the list before any rank starts, naming the pairs and the
+    order that works."""
+    server = netns_hosts[1]
+    with cable_ring(netns_hosts, 4) as (ring, cables):
+        hostfile = tmp_path / "hosts"
+        listed = [0, 2, 1, 3]
+        hostfile.write_text("".join(f"{ring[k].addr} addr={cables[k].a_addr},{cables[k - 1].b_addr}\n" for k in listed))
+        job = run_launch("--hostfile", str(hostfile), *server.launch_options(), BEHAVE, "-1", "none", timeout=60)
+    a, b, c, d = (h.addr for h in ring)
+    assert job.code != 0 and "ready" not in job.stdout, job.output  # no rank started
+    cause = job.stderr[job.stderr.index("root cause"):]
+    assert f"no cable joins hosts next to each other in the host list ({a} and {c}; {b} and {d}: no subnet holds a " \
+           f"data address of each)" in cause, cause
+    assert f"list them in cabling order: {a}, {b}, {c}, {d}" in cause, cause
 
 
 def test_a_cwd_and_python_in_the_home_directory_are_each_host_s_own(sshd) -> None:

@@ -126,6 +126,19 @@ def test_a_mac_finds_its_own_end_of_the_cable_to_a_neighbour() -> None:
     assert netaddr.facing("127.0.0.2", networks) is None  # loopback is no cable
 
 
+def test_the_order_of_a_ring_of_cables_is_found_from_the_subnets() -> None:
+    from macfleet.launcher import cabling
+
+    a, b, c, d = (["10.78.4.2/30", "10.78.1.1/30"], ["10.78.1.2/30", "10.78.2.1/30"],
+                  ["10.78.2.2/30", "10.78.3.1/30"], ["10.78.3.2/30", "10.78.4.1/30"])  # A-B-C-D-A
+    assert cabling.gaps([a, b, c, d]) == [] and cabling.ring_order([a, b, c, d]) == [0, 1, 2, 3]
+    assert cabling.gaps([a, c, b, d]) == [(0, 1), (2, 3)]
+    assert cabling.ring_order([a, c, b, d]) == [0, 2, 1, 3]  # A, B, C, D; A stays first
+    assert cabling.ring_order([a, b, c]) is None  # a chain: C has no cable back to A
+    assert cabling.gaps([a, b]) == [] and cabling.gaps([a, c]) == [(0, 1)]  # two Macs: one cable, both ways
+    assert cabling.gaps([["10.0.0.2/24"], ["10.0.0.3"]]) == []  # an address without its subnet: held by the other's
+
+
 def test_a_peer_with_several_addresses_is_reached_at_the_one_on_a_shared_subnet() -> None:
     """One subnet per cable: of a neighbour's data addresses, the ring connects to the one this
     Mac routes to from one of its own. Here: 127.0.0.1 routes from itself, and TEST-NET-1's and

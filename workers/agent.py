@@ -254,6 +254,7 @@ class Agent:
             return 2
         hello = {"host_index": self.spec.host_index, "host": self.spec.host, "facts": host_facts(),
                  "data_addr": self.data_addrs[0], "data_addrs": self.data_addrs,
+                 "data_nets": netaddr.with_subnets(self.data_addrs, netaddr.local_networks()),
                  "link": netaddr.links_of(self.data_addrs),
                  "ranks": [self.spec.rank_base, self.spec.rank_base + self.spec.slots]}
         if self.spec.host_index == 0:

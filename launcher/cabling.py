@@ -1,0 +1,45 @@
+"""Which hosts are cabled to which, for a ring of Macs with a subnet per cable.
+
+There each Mac reaches only the Macs it has a cable to, and the ring sends from each host to
+the next in the host list (and back): two hosts listed next to each other with no cable
+between them cannot connect. Every agent says its data addresses with their subnets
+(``10.78.1.1/30``); two hosts are cabled where a subnet of one holds a data address of the
+other. Checked before any rank starts, so a host list out of cabling order is one clear
+error, with the order that works, instead of every rank's connect timeout.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+
+def cabled(a: list[str], b: list[str]) -> bool:
+    """Whether a subnet of one host's data addresses (``a``) holds one of the other's (``b``)."""
+    nets = [ipaddress.ip_interface(x).network for x in a]
+    return any(ipaddress.ip_interface(y).ip in net for net in nets for y in b)
+
+
+def gaps(nets: list[list[str]]) -> list[tuple[int, int]]:
+    """The pairs of hosts next to each other in the ring that no cable joins."""
+    n = len(nets)
+    pairs = [(i, (i + 1) % n) for i in range(n if n > 2 else n - 1)]
+    return [(i, j) for i, j in pairs if not cabled(nets[i], nets[j])]
+
+
+def ring_order(nets: list[list[str]]) -> list[int] | None:
+    """An order of the hosts, the first one first, in which each is cabled to the next and the
+    last to the first; None if the cables close no such ring."""
+    n = len(nets)
+    joined = [[cabled(nets[i], nets[j]) for j in range(n)] for i in range(n)]
+
+    def extend(path: list[int]) -> list[int] | None:
+        if len(path) == n:
+            return path if n < 3 or joined[path[-1]][0] else None
+        for j in range(1, n):
+            if j not in path and joined[path[-1]][j]:
+                found = extend([*path, j])
+                if found:
+                    return found
+        return None
+
+    return extend([0])
