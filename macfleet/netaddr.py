@@ -121,14 +121,15 @@ def local_networks() -> list[Network]:
 
 def held_addresses() -> list[tuple[str, Network]]:
     """(interface, address with its subnet) for every address of this machine, from ``ip``
-    (Linux) or ``ifconfig`` (macOS); empty where neither runs."""
+    (Linux) or ``ifconfig`` (macOS); empty where neither runs or says anything we read."""
     for command in (["ip", "-o", "addr", "show"], ["ifconfig"]):
         try:
             out = subprocess.run(command, capture_output=True, text=True, timeout=5).stdout
         except (OSError, subprocess.TimeoutExpired):
             continue
-        if out:
-            return _ip_addresses(out) if command[0] == "ip" else ifconfig_addresses(out)
+        found = _ip_addresses(out) if command[0] == "ip" else ifconfig_addresses(out)
+        if found:  # else on: an `ip` that is not iproute2's (iproute2mac on a Mac) may print another format
+            return found
     return []
 
 
