@@ -156,10 +156,15 @@ def data_address(text: str, what: str) -> str:
     would leave the choice of address to the resolver, and a link-local IPv6 address's
     %interface names an interface of one Mac only."""
     try:
-        return str(ipaddress.ip_address(text.strip("[]")))
+        addr = ipaddress.ip_address(text.strip("[]"))
     except ValueError:
         raise ValueError(f"{what}{text} is not an IP address (give the address to train over, such as a "
                          f"Thunderbolt bridge's 169.254.x.x; --data-iface picks it by interface)") from None
+    if addr.version == 6 and addr.is_link_local:  # fe80::/10: its %interface is this Mac's alone
+        raise ValueError(f"{what}{text} is a link-local IPv6 address, which the other Macs reach only through "
+                         f"an interface of their own: give an IPv4 address (a Thunderbolt bridge's 169.254.x.x) "
+                         f"or a routable IPv6 one")
+    return str(addr)
 
 
 def data_addresses(text: str, what: str) -> tuple[str, ...]:

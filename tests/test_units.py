@@ -240,6 +240,9 @@ def test_hostfile_names_the_bad_line(tmp_path) -> None:
         parse_hostfile(str(path))
     path.write_text("mini1 addr=[fd00::2]\n")
     assert parse_hostfile(str(path))[0].addr == "fd00::2"
+    path.write_text("mini1 addr=fe80::1%en5\n")  # each Mac would read the %interface as one of its own
+    with pytest.raises(ValueError, match=r":1: addr=fe80::1%en5 is a link-local IPv6 address"):
+        parse_hostfile(str(path))
     # one address per cable (MLX's Thunderbolt rings): the first is the host's main one
     path.write_text("studio1 addr=192.168.1.1,[fd00::3]\n")
     assert [(h.addr, h.addrs) for h in parse_hostfile(str(path))] == [("192.168.1.1", ("192.168.1.1", "fd00::3"))]
