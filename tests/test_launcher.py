@@ -173,6 +173,19 @@ def test_a_data_address_that_is_not_this_machine_s_is_named_not_a_traceback(tmp_
     assert job.code == 2 and "--data-addr: mini1.local is not an IP address" in job.stderr, job.output
 
 
+def test_an_agent_given_a_spec_of_another_macfleet_says_so_not_a_traceback() -> None:
+    """A Mac upgraded and another not: the launcher's job spec has a field this agent does not
+    know (here data_addr, which this version calls data_addrs). The agent died with a TypeError
+    traceback, before the hosts' versions could be compared."""
+    spec = {"job_id": "x", "coordinator": "tcp://127.0.0.1:9", "secret_hex": "00", "host_index": 0, "host": "h",
+            "data_addr": "127.0.0.1", "rank_base": 0, "slots": 1, "world_size": 1, "script": "s", "args": []}
+    out = subprocess.run([sys.executable, "-m", "macfleet.workers.agent"], input=json.dumps(spec) + "\n",
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "cannot read the launcher's job spec (" in out.stderr and "'data_addr'" in out.stderr, out.stderr
+    assert "install the same macfleet on every Mac" in out.stderr, out.stderr
+
+
 def test_a_missing_script_is_a_one_line_error(tmp_path) -> None:
     job = run_launch("--nproc", "2", str(tmp_path / "nope.py"))
     assert job.code == 2

@@ -630,7 +630,12 @@ def main() -> None:
     line = sys.stdin.readline()
     if not line:
         sys.exit("macfleet agent: expected the job spec as one JSON line on stdin")
-    spec = AgentSpec.from_json(line)
+    try:
+        spec = AgentSpec.from_json(line)
+    except (TypeError, ValueError) as exc:  # a field one side has and the other lacks: another macfleet
+        sys.exit(f"macfleet agent on {socket.gethostname()}: cannot read the launcher's job spec ({exc}); this "
+                 f"Mac runs macfleet {host_facts()['macfleet']} at {sys.executable}, and the launching Mac another "
+                 f"one: install the same macfleet on every Mac")
     sys.exit(Agent(spec).run())
 
 
