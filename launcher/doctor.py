@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
+from macfleet.launcher import cabling
 from macfleet.launcher.hosts import Host
 from macfleet.launcher.launch import LaunchConfig, run_job
 from macfleet.launcher.remote import ssh_command
@@ -52,6 +53,12 @@ def run_doctor(cfg: LaunchConfig) -> int:
     majority = {k: max((str(f.get(k)) for f in facts), key=lambda v: sum(str(f.get(k)) == v for f in facts))
                 for k in VERSION_KEYS}
     rows, advice = [], []
+    nets = [list(coord.hellos.get(i, {}).get("data_nets") or []) for i in range(len(cfg.hosts))]
+    uncabled = dict(cabling.gaps(nets)) if any(len(n) > 1 for n in nets) else {}  # a ring of cables, out of order
+    if uncabled:
+        order = cabling.ring_order(nets)
+        advice.append(f"list the hosts in cabling order: {', '.join(cfg.hosts[i].name for i in order)}" if order
+                      else "the cables join no ring through every host: each Mac needs a cable to the next")
     for i, host in enumerate(cfg.hosts):
         probe = coord.reports.get(i, {})
         problems = [f"{k} differs" for k in VERSION_KEYS if str(facts[i].get(k)) != majority[k]]
@@ -63,7 +70,9 @@ def run_doctor(cfg: LaunchConfig) -> int:
             link = f"{probe['latency_us']:.0f} us, {probe['gbit_s']:.2f} Gbit/s"
             if probe["gbit_s"] < SLOW_GBIT_S or probe["latency_us"] > HIGH_LATENCY_US:
                 problems.append("slow link")
-        if not probe:
+        if i in uncabled:
+            problems.append(f"no cable to {cfg.hosts[uncabled[i]].name}")
+        elif not probe:
             problems.append("probe failed")
         hello = coord.hellos.get(i, {})
         address = ",".join(hello.get("data_addrs") or [hello.get("data_addr", "?")])

@@ -548,19 +548,26 @@ def test_macs_listed_out_of_cabling_order_are_named_with_the_order_that_works(ne
     """Four Macs in a ring of cables, listed A, C, B, D: A and C have no cable between them, nor
     B and D. Every rank waited for its connect timeout, and said only that it could not
     connect. The launcher now refuses the list before any rank starts, naming the pairs and the
-    order that works."""
+    order that works; doctor marks the hosts and suggests the order."""
     server = netns_hosts[1]
     with cable_ring(netns_hosts, 4) as (ring, cables):
         hostfile = tmp_path / "hosts"
         listed = [0, 2, 1, 3]
         hostfile.write_text("".join(f"{ring[k].addr} addr={cables[k].a_addr},{cables[k - 1].b_addr}\n" for k in listed))
         job = run_launch("--hostfile", str(hostfile), *server.launch_options(), BEHAVE, "-1", "none", timeout=60)
+        doctor = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hostfile", str(hostfile),
+                                 *server.launch_options()], capture_output=True, text=True, timeout=120)
     a, b, c, d = (h.addr for h in ring)
     assert job.code != 0 and "ready" not in job.stdout, job.output  # no rank started
     cause = job.stderr[job.stderr.index("root cause"):]
     assert f"no cable joins hosts next to each other in the host list ({a} and {c}; {b} and {d}: no subnet holds a " \
            f"data address of each)" in cause, cause
     assert f"list them in cabling order: {a}, {b}, {c}, {d}" in cause, cause
+    # doctor says the same, in its table and its suggestion
+    rows = {line.split()[0]: line for line in doctor.stdout.splitlines() if line.startswith("10.77.")}
+    assert rows[a].endswith(f"!! no cable to {c}") and rows[b].endswith(f"!! no cable to {d}"), doctor.stdout
+    assert f"suggestion: list the hosts in cabling order: {a}, {b}, {c}, {d}" in doctor.stdout, doctor.stdout
+    assert doctor.returncode == 1
 
 
 def test_a_cwd_and_python_in_the_home_directory_are_each_host_s_own(sshd) -> None:
