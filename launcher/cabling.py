@@ -11,6 +11,24 @@ error, with the order that works, instead of every rank's connect timeout.
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OutOfOrder:
+    gaps: list[tuple[int, int]]  # hosts next to each other in the list that no cable joins
+    order: list[int] | None      # an order in which every host is cabled to the next (first host first); None: none
+
+
+def out_of_order(nets: list[list[str]]) -> OutOfOrder | None:
+    """What is wrong where the hosts are a ring of cables (a host has more than one data
+    address; ``nets``: each host's, with subnets) listed out of cabling order; None where
+    nothing is. Hosts with one address each (a bridge, a LAN, routed networks) are not judged:
+    routing may join them."""
+    if not any(len(n) > 1 for n in nets):
+        return None
+    missing = gaps(nets)
+    return OutOfOrder(missing, ring_order(nets)) if missing else None
 
 
 def cabled(a: list[str], b: list[str]) -> bool:

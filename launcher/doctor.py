@@ -53,12 +53,11 @@ def run_doctor(cfg: LaunchConfig) -> int:
     majority = {k: max((str(f.get(k)) for f in facts), key=lambda v: sum(str(f.get(k)) == v for f in facts))
                 for k in VERSION_KEYS}
     rows, advice = [], []
-    nets = [list(coord.hellos.get(i, {}).get("data_nets") or []) for i in range(len(cfg.hosts))]
-    uncabled = dict(cabling.gaps(nets)) if any(len(n) > 1 for n in nets) else {}  # a ring of cables, out of order
-    if uncabled:
-        order = cabling.ring_order(nets)
-        advice.append(f"list the hosts in cabling order: {', '.join(cfg.hosts[i].name for i in order)}" if order
-                      else "the cables join no ring through every host: each Mac needs a cable to the next")
+    wrong = cabling.out_of_order([list(coord.hellos.get(i, {}).get("data_nets") or []) for i in range(len(cfg.hosts))])
+    uncabled = dict(wrong.gaps) if wrong else {}  # host -> the next in the list, which it has no cable to
+    if wrong:
+        advice.append(f"list the hosts in cabling order: {', '.join(cfg.hosts[i].name for i in wrong.order)}"
+                      if wrong.order else "the cables join no ring through every host: each needs one to the next")
     for i, host in enumerate(cfg.hosts):
         probe = coord.reports.get(i, {})
         problems = [f"{k} differs" for k in VERSION_KEYS if str(facts[i].get(k)) != majority[k]]

@@ -311,13 +311,11 @@ def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> No
         log("hosts disagree on versions (--allow-version-mismatch to run anyway):\n" + facts_table(names, facts))
         coord.fail(Failure(time.time(), "hosts run different torch or macfleet versions"))
         return
-    nets = [list(coord.hellos[i].get("data_nets") or []) for i in range(len(agents))]
-    missing = cabling.gaps(nets) if any(len(n) > 1 for n in nets) else []  # a ring of cables, a subnet each
-    if missing:
-        order = cabling.ring_order(nets)
-        fix = (f"list them in cabling order: {', '.join(names[i] for i in order)}" if order else
+    wrong = cabling.out_of_order([list(coord.hellos[i].get("data_nets") or []) for i in range(len(agents))])
+    if wrong:
+        fix = (f"list them in cabling order: {', '.join(names[i] for i in wrong.order)}" if wrong.order else
                "the cables join no ring through every host")
-        pairs = "; ".join(f"{names[i]} and {names[j]}" for i, j in missing)
+        pairs = "; ".join(f"{names[i]} and {names[j]}" for i, j in wrong.gaps)
         coord.fail(Failure(time.time(), f"no cable joins hosts next to each other in the host list ({pairs}: no "
                                         f"subnet holds a data address of each), and the ring sends from each Mac "
                                         f"to the next; {fix}"))

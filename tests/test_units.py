@@ -137,6 +137,9 @@ def test_the_order_of_a_ring_of_cables_is_found_from_the_subnets() -> None:
     assert cabling.ring_order([a, b, c]) is None  # a chain: C has no cable back to A
     assert cabling.gaps([a, b]) == [] and cabling.gaps([a, c]) == [(0, 1)]  # two Macs: one cable, both ways
     assert cabling.gaps([["10.0.0.2/24"], ["10.0.0.3"]]) == []  # an address without its subnet: held by the other's
+    assert cabling.out_of_order([a, c, b, d]) == cabling.OutOfOrder([(0, 1), (2, 3)], [0, 2, 1, 3])
+    assert cabling.out_of_order([a, b, c, d]) is None
+    assert cabling.out_of_order([["10.0.1.2/24"], ["10.0.2.2/24"]]) is None  # one address each: maybe routed
 
 
 def test_a_peer_with_several_addresses_is_reached_at_the_one_on_a_shared_subnet() -> None:
