@@ -82,18 +82,24 @@ def test_an_agent_killed(job_of_three) -> None:
     assert seconds < 15
 
 
-def test_an_agent_killed_leaves_neither_a_rank_stuck_in_native_code_nor_an_exited_rank_s_children() -> None:
+def test_an_agent_killed_leaves_neither_a_rank_stuck_in_native_code_nor_an_exited_rank_s_children(tmp_path) -> None:
     """A rank stops itself when its agent is gone, from a thread that needs the GIL; one
     that holds the GIL for good never did. A rank that had exited left what it started to its
     agent, which stops it at the job's end: SIGKILLed first, it left it running. Each rank's
     keeper stops the rank's process group when the agent's pipe reaches its end."""
     # rank 0 sends no heartbeat while it holds the GIL: no timeout may stop the job before the test does
-    job = RunningJob("--nproc", "2", "--heartbeat-timeout", "120", "--stall-timeout", "0", BEHAVE, "1", "orphans",
-                     ranks=2)
+    job = RunningJob("--nproc", "2", "--heartbeat-timeout", "120", "--stall-timeout", "0", "--env",
+                     f"BEHAVE_MARKS={tmp_path}", BEHAVE, "1", "orphans", ranks=2)
     try:
-        assert job.proc.stdout is not None
-        lines = [job.proc.stdout.readline() for _ in range(2)]  # the child's line and the stuck rank's
-        child = int(re.search(r"child pid=(\d+)", "".join(lines)).group(1))
+        # Rank 1's child, and rank 0 about to hold the GIL, as files: in one CI run the test waited
+        # over 100 s for their lines on the job's output (a read with no deadline), until the
+        # heartbeat timeout ended the job. It did not happen again in 28 runs here.
+        deadline = time.monotonic() + 30
+        while not all((tmp_path / name).exists() for name in ("child", "stuck-0")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for the ranks' marks
+        if not all((tmp_path / name).exists() for name in ("child", "stuck-0")):
+            pytest.fail(f"no marks from the ranks in 30 s ({sorted(os.listdir(tmp_path))}):\n{job.wait(30)[1]}")
+        child = int((tmp_path / "child").read_text())
         deadline = time.monotonic() + 20
         while _alive(job.pids[1]) and time.monotonic() < deadline:
             time.sleep(0.05)  # polling the process table for rank 1's exit

@@ -35,6 +35,14 @@ import macfleet
 
 
 
+def mark(directory: str, name: str, text: str) -> None:
+    """``directory/name`` holding ``text``, whole when it appears (written aside, then renamed)."""
+    path = os.path.join(directory, name)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.rename(path + ".tmp", path)
+
+
 def native_deadlock() -> None:
     """Native code that never returns and holds the GIL (a C extension's deadlock, a GPU wait
     that never ends): no thread of the process runs Python again, heartbeats included."""
@@ -83,13 +91,14 @@ if mode == "child":  # a metrics service, say: it inherits the rank's output str
 print(f"ready pid={os.getpid()}", flush=True)
 macfleet.barrier()
 if mode == "orphans":  # FAIL_RANK leaves a process behind and exits; the others hold the GIL for good
+    marks = os.environ["BEHAVE_MARKS"]  # a directory: what each rank did, read by the test as files
     if rank == fail_rank:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        print(f"child pid={child.pid} of pid={os.getpid()}", flush=True)
+        mark(marks, "child", str(child.pid))
         macfleet.shutdown()
         os._exit(0)
-    print(f"stuck pid={os.getpid()}", flush=True)
+    mark(marks, f"stuck-{rank}", str(os.getpid()))
     native_deadlock()
 if rank == fail_rank:
     if mode in ("raise", "child"):
