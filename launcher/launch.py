@@ -141,10 +141,10 @@ def plan_addresses(cfg: LaunchConfig) -> tuple[list[list[str]], list[str], list[
     for host, ip in zip(cfg.hosts, resolved, strict=True):
         if host.is_local:
             default = route_source(remote_ips[0]) if remote_ips else "127.0.0.1"
-            data.append(list(host.addrs or cfg.data_addrs or [default]))
+            data.append(list(given_addrs(cfg, host) or [default]))
             control.append("127.0.0.1")
         else:
-            data.append(list(host.addrs) or ([ip] if ip else []))
+            data.append(list(given_addrs(cfg, host)) or ([ip] if ip else []))
             control.append(route_source(ip) if ip else "0.0.0.0")
     binds = sorted(set(control))
     if "0.0.0.0" in binds:
@@ -153,12 +153,18 @@ def plan_addresses(cfg: LaunchConfig) -> tuple[list[list[str]], list[str], list[
     return data, control, binds
 
 
+def given_addrs(cfg: LaunchConfig, host: Host) -> tuple[str, ...]:
+    """The data addresses the user gave for ``host``: its ``addr=`` (MLX's ips), or
+    ``--data-addr`` for the launching Mac; none where the launcher is to find them."""
+    return host.addrs or (cfg.data_addrs if host.is_local else ())
+
+
 def neighbour_addrs(cfg: LaunchConfig, index: int) -> list[str]:
     """The data addresses given (addr=, MLX's ips) for the hosts before and after host
     ``index`` in the ring, where its own are given too: its agent adds its own end of any cable
     to them (``workers.agent.data_addresses``). Addresses the launcher found by name are left
     out: a Mac's other interfaces on the network they name are not cables to train over."""
-    given = [h.addrs or (cfg.data_addrs if h.is_local else ()) for h in cfg.hosts]
+    given = [given_addrs(cfg, h) for h in cfg.hosts]
     n = len(given)
     around = [i for i in dict.fromkeys([(index - 1) % n, (index + 1) % n]) if i != index]
     return [addr for i in around for addr in given[i]] if given[index] else []

@@ -81,9 +81,10 @@ def interface_address(iface: str) -> str:
     raise ValueError(f"network interface {iface!r} has no IPv4 address on {socket.gethostname()}")
 
 
-def interface_of(addr: str) -> str | None:
-    """The name of the network interface that holds ``addr``, or None if none is found."""
-    for name, net in held_addresses():
+def interface_of(addr: str, held: list[tuple[str, Network]] | None = None) -> str | None:
+    """The name of the network interface that holds ``addr``, or None if none is found.
+    ``held``: ``held_addresses()``, when the caller has it already."""
+    for name, net in held_addresses() if held is None else held:
         if _same_address(str(net.ip), addr):
             return name
     for name, held in _kernel_addresses():
@@ -165,19 +166,20 @@ def ifconfig_addresses(text: str) -> list[tuple[str, Network]]:
     return found
 
 
-def link_of(addr: str) -> str | None:
+def link_of(addr: str, held: list[tuple[str, Network]] | None = None) -> str | None:
     """The interface that holds ``addr``, with what kind of link it is where the system says:
     ``en0 (Wi-Fi)``, ``bridge0 (Thunderbolt Bridge)``, ``eth0``. None if no interface holds it."""
-    iface = interface_of(addr)
+    iface = interface_of(addr, held)
     if iface is None:
         return None
     kind = _link_kind(iface)
     return f"{iface} ({kind})" if kind else iface
 
 
-def links_of(addrs: list[str]) -> str | None:
+def links_of(addrs: list[str], held: list[tuple[str, Network]] | None = None) -> str | None:
     """``link_of`` each address, joined with commas; None if no interface holds any of them."""
-    links = [link_of(addr) for addr in addrs]
+    held = held_addresses() if held is None else held
+    links = [link_of(addr, held) for addr in addrs]
     return ",".join(link or "?" for link in links) if any(links) else None
 
 

@@ -109,7 +109,7 @@ def _memory_gb() -> float | None:
         return None
 
 
-def data_addresses(spec: AgentSpec) -> list[str]:
+def data_addresses(spec: AgentSpec, networks: list[netaddr.Network]) -> list[str]:
     """Where this host's ranks bind their ring sockets, the main address first: never all
     interfaces. Raises ``ValueError`` for an address that is not this machine's (``addr=`` in a
     hostfile, say, naming another Mac's), before any rank tries to bind to it.
@@ -117,7 +117,7 @@ def data_addresses(spec: AgentSpec) -> list[str]:
     To the addresses given, it adds this Mac's own end of each cable to a neighbour whose
     given address is on that cable's subnet: MLX's Thunderbolt hostfiles list, for each Mac,
     the address its previous neighbour connects to, and macfleet's ring also sends the other
-    way round."""
+    way round. ``networks``: this Mac's addresses with their subnets (``netaddr.local_networks``)."""
     if spec.data_iface:
         return [netaddr.interface_address(spec.data_iface)]
     if not spec.data_addrs:
@@ -131,7 +131,6 @@ def data_addresses(spec: AgentSpec) -> list[str]:
                              f"or this host's name as the launching Mac resolves it: give one of this machine's "
                              f"own addresses with addr=, or its interface with --data-iface") from None
     addrs = list(spec.data_addrs)
-    networks = netaddr.local_networks() if spec.neighbour_addrs else []
     for peer in spec.neighbour_addrs:
         own = netaddr.facing(peer, networks)
         if own is not None and own not in addrs:
@@ -144,8 +143,8 @@ def stacks_file(error_file: str) -> str:
     return error_file.removesuffix(".json") + ".stacks"
 
 
-def worker_env(spec: AgentSpec, local_rank: int, data_addrs: list[str], master_addr: str, master_port: int,
-               error_file: str, alive_fd: int) -> dict[str, str]:
+def worker_env(spec: AgentSpec, local_rank: int, data_addrs: list[str], main_iface: str | None, master_addr: str,
+               master_port: int, error_file: str, alive_fd: int) -> dict[str, str]:
     """The environment contract of ``macfleet.env``, built here and nowhere else."""
     env = dict(os.environ)
     env.update(spec.env)
@@ -185,11 +184,11 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addrs: list[str], master_a
         env.setdefault("PYTORCH_MPS_HIGH_WATERMARK_RATIO", str(fraction))
         env.setdefault("PYTORCH_MPS_LOW_WATERMARK_RATIO", str(round(fraction * 0.8, 4)))
     env.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
-    # Scripts that use torch.distributed (gloo) themselves: make gloo use the data-plane address,
-    # not whatever the hostname resolves to (often loopback, which breaks multi-host jobs).
-    iface = netaddr.interface_of(data_addrs[0]) if "GLOO_SOCKET_IFNAME" not in env else None
-    if iface:
-        env["GLOO_SOCKET_IFNAME"] = iface
+    # Scripts that use torch.distributed (gloo) themselves: make gloo use the data-plane address
+    # (``main_iface``: the interface that holds the main one), not whatever the hostname resolves
+    # to (often loopback, which breaks multi-host jobs).
+    if main_iface and "GLOO_SOCKET_IFNAME" not in env:
+        env["GLOO_SOCKET_IFNAME"] = main_iface
     if spec.slots > 1:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.slots)))
     # Idle OpenMP threads must sleep, not spin: the communication thread's torch ops get an
@@ -229,6 +228,7 @@ class Agent:
         self.stopped_why: str | None = None  # for the exits, when this agent stops its ranks on its own
         self._stop_started: float | None = None
         self.data_addrs: list[str] = []
+        self.main_iface: str | None = None  # the interface that holds the main data address
         self.last_heard = time.monotonic()
         self.heard = False  # anything from the coordinator yet: if not, the launcher was never reachable
         self._next_beat = 0.0
@@ -245,8 +245,10 @@ class Agent:
         threading.Thread(target=self._watch_stdin, daemon=True).start()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
+        held = netaddr.held_addresses()  # this Mac's addresses, read once for all that follows
+        networks = [net for _, net in held]
         try:
-            self.data_addrs = data_addresses(self.spec)
+            self.data_addrs = data_addresses(self.spec, networks)
             self.logs = open_logs(self.spec)
         except (ValueError, OSError) as exc:
             print(f"macfleet agent on {self.spec.host}: {exc}", file=sys.stderr, flush=True)
@@ -254,9 +256,10 @@ class Agent:
             return 2
         hello = {"host_index": self.spec.host_index, "host": self.spec.host, "facts": host_facts(),
                  "data_addr": self.data_addrs[0], "data_addrs": self.data_addrs,
-                 "data_nets": netaddr.with_subnets(self.data_addrs, netaddr.local_networks()),
-                 "link": netaddr.links_of(self.data_addrs),
+                 "data_nets": netaddr.with_subnets(self.data_addrs, networks),
+                 "link": netaddr.links_of(self.data_addrs, held),
                  "ranks": [self.spec.rank_base, self.spec.rank_base + self.spec.slots]}
+        self.main_iface = netaddr.interface_of(self.data_addrs[0], held)
         if self.spec.host_index == 0:
             self.store_socket = _listening_socket(self.data_addrs[0])
             hello["master_port"] = self.store_socket.getsockname()[1]
@@ -330,7 +333,8 @@ class Agent:
         error_file = os.path.join(self.tmpdir, f"error-{rank}.json")
         proc = subprocess.Popen(
             [self.spec.python, "-m", "macfleet.workers.bootstrap", self.spec.script, *self.spec.args],
-            env=worker_env(self.spec, local_rank, self.data_addrs, master_addr, master_port, error_file, self.alive_r),
+            env=worker_env(self.spec, local_rank, self.data_addrs, self.main_iface, master_addr, master_port,
+                           error_file, self.alive_r),
             pass_fds=(self.alive_r,),
             cwd=self.spec.cwd,
             stdin=subprocess.PIPE,  # the launcher's stdin (``_feed``)
