@@ -250,7 +250,14 @@ class Coordinator:
             self._note_long_exchange(waiting, now)
             return
         live = [r for r in range(self.world_size) if r not in self.exits]
-        suspects = [r for r in live if r not in waiting]
+        # A rank that has only just joined the collective the others wait in is no suspect: its
+        # beat says so up to a second late, and one that is slow to get there (the others, too,
+        # enter a second apart on a busy Mac) was named with the rank they waited for
+        ops = {(w.get("op"), w.get("id")) for w in waiting.values()}
+        joining = [r for r, w in self._waiting_for(now).items() if r not in waiting and (w.get("op"), w.get("id")) in ops]
+        suspects = [r for r in live if r not in waiting and r not in joining]
+        if joining and not suspects:
+            return  # the last of them has just joined: their collective runs (a stall timeout on, they all waited)
         if self._held:  # someone is stepping through a rank in pdb: the others wait for it, not for a hang
             if self._stall_reported is None:
                 debugged = [r for r in live if self.status.get(r, {}).get("debugging")]

@@ -758,6 +758,57 @@ def test_ranks_waiting_in_different_collectives_with_nothing_arriving_are_named_
         ctx.destroy(linger=0)
 
 
+def _stall_log(waits: list[tuple[int, float] | None], seconds: float) -> tuple[list[str], object]:
+    """A coordinator (stall timeout 1 s, aborting) and ranks that beat every 0.2 s for
+    ``seconds`` or until a stall is logged: rank r in all-reduce op ``waits[r][0]`` for
+    ``waits[r][1]`` s, or out of any collective (None). Returns the log and the abort."""
+    import zmq
+
+    from macfleet.control import ControlClient
+    from macfleet.launcher.coordinator import Coordinator
+    from macfleet.protocol import BEAT, REGISTER
+
+    ctx = zmq.Context()
+    secret, logged = os.urandom(32), []
+    coord = Coordinator(ctx, ["127.0.0.1"], secret, "job", world_size=len(waits), num_agents=1, stall_timeout_s=1.0,
+                        log=logged.append)
+    ranks = [ControlClient(ctx, coord.endpoints["127.0.0.1"], secret, "job", f"rank-{r}") for r in range(len(waits))]
+    try:
+        for r, client in enumerate(ranks):
+            client.send(REGISTER, rank=r, endpoints={}, host=f"mac{r}", local_rank=0)
+        deadline = time.monotonic() + seconds
+        while not any("stall:" in line for line in logged) and time.monotonic() < deadline:
+            for client, wait in zip(ranks, waits):
+                client.send(BEAT, progress=4, quiet_s=9.0,
+                            waiting=wait and {"op": "all_reduce", "id": wait[0], "for_s": wait[1], "at": "train.py:9"})
+            coord.poll(0.2)
+        return logged, coord.aborted
+    finally:
+        for client in ranks:
+            client.close()
+        coord.close()
+        ctx.destroy(linger=0)
+
+
+def test_a_stall_names_only_the_rank_out_of_the_collective_not_one_that_just_joined_it() -> None:
+    """Rank 1 works alone; ranks 0 and 2 wait for it in all-reduce 5, rank 0 for less than the
+    stall timeout (it got there a second after rank 2, on a busy Mac). Only rank 1 is named: the
+    report said "ranks 0, 1 made no progress"."""
+    logged, _ = _stall_log([(5, 0.4), None, (5, 1.5)], seconds=10)
+    stall = next((line for line in logged if "stall:" in line), "")
+    assert "stall: rank 1 (mac1) made no progress" in stall, logged
+
+
+def test_a_collective_the_last_rank_has_just_joined_is_no_stall() -> None:
+    """Ranks 0 and 2 have waited past twice the stall timeout; rank 1, which they waited for,
+    has just joined their all-reduce, which now runs. Its late arrival is neither named nor
+    aborted (it was named, asked for its stacks, and aborted when it did not answer)."""
+    logged, aborted = _stall_log([(5, 3.0), (5, 0.1), (5, 3.0)], seconds=3 * 1.0 + 0.5)
+    assert not any("stall:" in line for line in logged) and aborted is None, (logged, aborted)
+    logged, aborted = _stall_log([(5, 3.0), (6, 0.1), (5, 3.0)], seconds=10)  # in another collective: it is named
+    assert any("stall: rank 1 (mac1) made no progress" in line for line in logged), logged
+
+
 def test_an_exit_of_any_size_fits_one_control_message() -> None:
     """Tracebacks and tails of any size and script (multi-byte UTF-8 too) must pack into one
     header the coordinator takes, with the ends of each text kept."""
