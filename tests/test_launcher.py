@@ -211,6 +211,18 @@ def test_a_module_runs_as_python_m_runs_it(tmp_path) -> None:
     assert bad.code == 2 and "is not a module name" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_a_script_that_does_not_compile_is_shown_as_python_shows_it(tmp_path, how: str) -> None:
+    """The file and line, the caret and the message, as ``python train.py`` prints them: the
+    report began with the frames of macfleet's bootstrap and runpy, which never reach the script."""
+    (tmp_path / "train.py").write_text("import macfleet\nmacfleet.init(\n")
+    target = ["-m", "train"] if how == "module" else [str(tmp_path / "train.py")]
+    job = run_launch("--nproc", "1", "--cwd", str(tmp_path), *target, timeout=60)
+    root = job.stderr[job.stderr.index("root cause"):]
+    assert job.code == 1 and f'File "{tmp_path / "train.py"}", line 2' in root, root
+    assert "SyntaxError: '(' was never closed" in root and "bootstrap" not in root and "runpy" not in root, root
+
+
 def test_the_terminal_shows_only_rank_lines_and_macfleets_own() -> None:
     """Every line a user sees is a rank's (prefixed) or the launcher's: the agent's store process
     used to add torch's import-time warning (no numpy installed) unprefixed, once per job."""

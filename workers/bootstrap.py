@@ -132,7 +132,10 @@ def _report(exc: BaseException, script: str) -> None:
     tb = exc.__traceback__
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
         tb = tb.tb_next
-    exc = exc.with_traceback(tb or exc.__traceback__)
+    if tb is None and isinstance(exc, SyntaxError) and exc.filename and os.path.abspath(exc.filename) == script:
+        exc = exc.with_traceback(None)  # the script never ran: Python shows the line alone, with no frames
+    else:
+        exc = exc.with_traceback(tb or exc.__traceback__)
     traceback.print_exception(exc)
     path = os.environ.get("MACFLEET_ERROR_FILE")
     # Already there: a subprocess of this rank failed first and wrote it (macfleet.init() in a
