@@ -723,45 +723,11 @@ def test_the_root_cause_is_the_first_failure_to_arrive_whatever_the_hosts_clocks
         ctx.destroy(linger=0)
 
 
-def test_ranks_waiting_in_different_collectives_with_nothing_arriving_are_named_by_the_stall_report() -> None:
-    """The backstop behind the messages' own checks (each names its collective and number, so
-    ranks in different collectives find out from the first one that reaches them): ranks that
-    wait in collectives of different numbers and hear nothing are named, with where each
-    waits, once a stall timeout has passed."""
-    import zmq
-
-    from macfleet.control import ControlClient
-    from macfleet.launcher.coordinator import Coordinator
-    from macfleet.protocol import BEAT, REGISTER
-
-    ctx = zmq.Context()
-    secret, logged = os.urandom(32), []
-    coord = Coordinator(ctx, ["127.0.0.1"], secret, "job", world_size=2, num_agents=1, stall_timeout_s=1.0,
-                        stall_action="warn", log=logged.append)
-    ranks = [ControlClient(ctx, coord.endpoints["127.0.0.1"], secret, "job", f"rank-{r}") for r in range(2)]
-    try:
-        for r, client in enumerate(ranks):
-            client.send(REGISTER, rank=r, endpoints={}, host=f"mac{r}", local_rank=0)
-        deadline = time.monotonic() + 10
-        while not any("stall:" in line for line in logged) and time.monotonic() < deadline:
-            for r, client in enumerate(ranks):  # in its collective for 2 s, and nothing arrived since
-                client.send(BEAT, progress=4, quiet_s=2.5,
-                            waiting={"op": "all_reduce", "id": 5 + r, "for_s": 2.0, "at": f"train.py:{10 + r}"})
-            coord.poll(0.2)
-        stall = next(line for line in logged if "stall:" in line)
-        assert "different collectives" in stall, logged
-        assert "rank 0 in all_reduce (op 5, at train.py:10); rank 1 in all_reduce (op 6, at train.py:11)" in stall
-    finally:
-        for client in ranks:
-            client.close()
-        coord.close()
-        ctx.destroy(linger=0)
-
-
 def _stall_log(waits: list[tuple[int, float] | None], seconds: float) -> tuple[list[str], object]:
     """A coordinator (stall timeout 1 s, aborting) and ranks that beat every 0.2 s for
     ``seconds`` or until a stall is logged: rank r in all-reduce op ``waits[r][0]`` for
-    ``waits[r][1]`` s, or out of any collective (None). Returns the log and the abort."""
+    ``waits[r][1]`` s at line 10 + r, or out of any collective (None). Returns the log and
+    the abort."""
     import zmq
 
     from macfleet.control import ControlClient
@@ -778,9 +744,9 @@ def _stall_log(waits: list[tuple[int, float] | None], seconds: float) -> tuple[l
             client.send(REGISTER, rank=r, endpoints={}, host=f"mac{r}", local_rank=0)
         deadline = time.monotonic() + seconds
         while not any("stall:" in line for line in logged) and time.monotonic() < deadline:
-            for client, wait in zip(ranks, waits):
-                client.send(BEAT, progress=4, quiet_s=9.0,
-                            waiting=wait and {"op": "all_reduce", "id": wait[0], "for_s": wait[1], "at": "train.py:9"})
+            for r, (client, wait) in enumerate(zip(ranks, waits)):  # nothing has arrived for 9 s
+                site = {"op": "all_reduce", "id": wait[0], "for_s": wait[1], "at": f"train.py:{10 + r}"} if wait else None
+                client.send(BEAT, progress=4, quiet_s=9.0, waiting=site)
             coord.poll(0.2)
         return logged, coord.aborted
     finally:
@@ -807,6 +773,17 @@ def test_a_collective_the_last_rank_has_just_joined_is_no_stall() -> None:
     assert not any("stall:" in line for line in logged) and aborted is None, (logged, aborted)
     logged, aborted = _stall_log([(5, 3.0), (6, 0.1), (5, 3.0)], seconds=10)  # in another collective: it is named
     assert any("stall: rank 1 (mac1) made no progress" in line for line in logged), logged
+
+
+def test_ranks_waiting_in_different_collectives_with_nothing_arriving_are_named_by_the_stall_report() -> None:
+    """The backstop behind the messages' own checks (each names its collective and number, so
+    ranks in different collectives find out from the first one that reaches them): ranks that
+    wait in collectives of different numbers and hear nothing are named, with where each
+    waits, once a stall timeout has passed."""
+    logged, _ = _stall_log([(5, 2.0), (6, 2.0)], seconds=10)
+    stall = next(line for line in logged if "stall:" in line)
+    assert "different collectives" in stall, logged
+    assert "rank 0 in all_reduce (op 5, at train.py:10); rank 1 in all_reduce (op 6, at train.py:11)" in stall
 
 
 def test_an_exit_of_any_size_fits_one_control_message() -> None:
