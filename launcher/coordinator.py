@@ -88,6 +88,7 @@ class Coordinator:
         self.started = False
         self.aborted: str | None = None
         self._abort_rank: int | None = None
+        self._abort_signal: int | None = None  # the user's SIGINT or SIGTERM, which the agents pass on to the ranks
         self.hosts: dict[int, str] = {}  # rank -> host name, from registrations
         self.data_addrs: dict[int, str] = {}  # rank -> the address it trains over (sockets or none)
         self.local_ranks: dict[int, int] = {}
@@ -538,16 +539,19 @@ class Coordinator:
         if self.aborted is None:
             self.abort(failure.reason, failure.rank)
 
-    def abort(self, reason: str, rank: int | None = None) -> None:
+    def abort(self, reason: str, rank: int | None = None, signum: int | None = None) -> None:
+        """Stop the job: every rank's collectives raise, and the agents stop their ranks. With
+        ``signum`` (the user's Ctrl-C or SIGTERM to the launcher) they send the ranks that signal
+        at once, as a terminal would: a collective raises only when a rank waits in one."""
         if self.aborted is not None:
             return
-        self.aborted, self._abort_rank = reason, rank
+        self.aborted, self._abort_rank, self._abort_signal = reason, rank, signum
         for name, peer in list(self.peers.items()):
             self._send_abort(name, peer)
 
     def _send_abort(self, name: str, peer: Peer) -> None:
         peer.told_abort = True
-        self.send(name, protocol.ABORT, reason=self.aborted, rank=self._abort_rank)
+        self.send(name, protocol.ABORT, reason=self.aborted, rank=self._abort_rank, signal=self._abort_signal)
 
     def send(self, name: str, kind: str, **fields: Any) -> None:
         peer = self.peers.get(name)

@@ -251,7 +251,7 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
                 coord.send_each("agent", protocol.STDIN, data=data, eof=stdin_ended)
         if interrupted and coord.aborted is None:
             log(f"{signal.Signals(interrupted[0]).name} received, stopping every rank on every host")
-            coord.abort("stopped by the user")
+            coord.abort("stopped by the user", signum=interrupted[0])
         if not coord.started and coord.aborted is None:
             if len(coord.hellos) == len(agents):
                 _start(cfg, coord, agents)

@@ -83,6 +83,41 @@ def test_ctrl_c_stops_every_process_of_the_job() -> None:
         proc.communicate()
 
 
+INTERRUPTIBLE = """
+import os, sys, time
+import macfleet
+macfleet.init()
+print("ready pid=", os.getpid(), flush=True)
+try:
+    while True:  # working between collectives, where no abort reaches it
+        time.sleep(0.01)
+except KeyboardInterrupt:  # what a script does on Ctrl-C: save what it has, then stop
+    open(os.path.join(sys.argv[1], f"interrupted-{macfleet.rank()}"), "w").close()
+    raise
+"""
+
+
+@pytest.mark.parametrize("where", ["launcher", "terminal"])
+def test_ctrl_c_reaches_the_script_as_keyboard_interrupt(tmp_path, where: str) -> None:
+    """Ctrl-C in the terminal (its whole process group: the launcher and local agents) or a
+    SIGINT to the launcher alone (a remote Mac's ranks): every rank gets KeyboardInterrupt where
+    it is, as ``python train.py`` would. Ranks working outside a collective never saw the
+    abort, and were SIGTERMed after the grace period, with no chance to save anything."""
+    script = tmp_path / "work.py"
+    script.write_text(INTERRUPTIBLE)
+    proc, _ = start_launch("--nproc", "2", str(script), str(tmp_path), ready=" ready pid=", ranks=2)
+    try:
+        if where == "terminal":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        assert sorted(p.name for p in tmp_path.glob("interrupted-*")) == ["interrupted-0", "interrupted-1"]
+    finally:
+        kill_group(proc.pid)
+        proc.communicate()
+
+
 def test_the_environment_contract_and_per_rank_seeds() -> None:
     job = run_launch("--nproc", "2", "--seed", "40", BEHAVE, "-1", "env")
     assert job.code == 0, job.output

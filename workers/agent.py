@@ -48,6 +48,7 @@ DUMP_WAIT_S = 1.0  # and a dump of its stacks for faulthandler to write it
 # by TCP's retransmission backoff (7 s of cable pulled was 10 s of silence and more): as long as
 # the launcher still hears the host in time, the job goes on.
 LAUNCHER_SILENCE = 2
+PASSED_ON = (signal.SIGINT, signal.SIGTERM)  # a stop by these reaches the ranks as it is
 
 
 @dataclass
@@ -227,6 +228,10 @@ class Agent:
         self.stop_reason: str | None = None
         self.stopped_why: str | None = None  # for the exits, when this agent stops its ranks on its own
         self._stop_started: float | None = None
+        # SIGINT or SIGTERM that stopped the job (the user's Ctrl-C, here or at the launcher):
+        # passed on to the ranks at once, as a terminal would, so the script stops where it is
+        # (KeyboardInterrupt, its own handlers) rather than after the grace period
+        self.interrupt: int | None = None
         self.data_addrs: list[str] = []
         self.main_iface: str | None = None  # the interface that holds the main data address
         self.last_heard = time.monotonic()
@@ -303,6 +308,8 @@ class Agent:
             self.last_heard, self.heard = now, True
             if msg.get("kind") == protocol.ABORT and self.stop_reason is None:
                 self.stop_reason = str(msg.get("reason"))
+                if msg.get("signal") in PASSED_ON:
+                    self.interrupt = int(msg["signal"])
             elif msg.get("kind") == protocol.STDIN:
                 self._feed(bytes(msg.get("data") or b""), bool(msg.get("eof")))
             elif msg.get("kind") == protocol.STACKS:
@@ -518,9 +525,12 @@ class Agent:
             self._stop_started = time.monotonic()
         elapsed = time.monotonic() - self._stop_started
         grace = self.spec.grace_s
+        interrupt, self.interrupt = self.interrupt, None  # once
         for w in self.workers:  # finished ranks' leftovers (their children) go in _finish()
             if w.exit is not None:
                 continue
+            if interrupt is not None:
+                _killpg(w.proc.pid, interrupt)
             if elapsed >= 2 * grace:
                 _killpg(w.proc.pid, signal.SIGKILL)
             elif elapsed >= grace or self.stop_reason == "launcher gone":
@@ -561,6 +571,8 @@ class Agent:
             name = signal.Signals(signum).name
             self.stop_reason = f"agent received {name}"
             self.stopped_why = f"its agent on {self.spec.host} received {name} and stopped it"
+            if signum in PASSED_ON:  # a Ctrl-C in the terminal reaches the launcher and local agents alike
+                self.interrupt = signum
 
 
 def _write(sink: IO[bytes], data: bytes) -> None:
