@@ -255,7 +255,8 @@ class Coordinator:
         # beat says so up to a second late, and one that is slow to get there (the others, too,
         # enter a second apart on a busy Mac) was named with the rank they waited for
         ops = {(w.get("op"), w.get("id")) for w in waiting.values()}
-        joining = [r for r, w in self._waiting_for(now).items() if r not in waiting and (w.get("op"), w.get("id")) in ops]
+        joining = [r for r, w in self._waiting_for(now).items()
+                   if r not in waiting and (w.get("op"), w.get("id")) in ops]
         suspects = [r for r in live if r not in waiting and r not in joining]
         if joining and not suspects:
             return  # the last of them has just joined: their collective runs (a stall timeout on, they all waited)
