@@ -48,7 +48,13 @@ def ring_order(nets: list[list[str]]) -> list[int] | None:
     """An order of the hosts, the first one first, in which each is cabled to the next and the
     last to the first; None if the cables close no such ring."""
     n = len(nets)
-    joined = [[cabled(nets[i], nets[j]) for j in range(n)] for i in range(n)]
+    return ring_through([[cabled(nets[i], nets[j]) for j in range(n)] for i in range(n)])
+
+
+def ring_through(joined: list[list[bool]]) -> list[int] | None:
+    """An order of the hosts, host 0 first, in which ``joined[a][b]`` holds for each host and
+    the next, and the last and the first; None if there is none."""
+    n = len(joined)
 
     def extend(path: list[int]) -> list[int] | None:
         if len(path) == n:

@@ -1,4 +1,4 @@
-"""The ``macfleet`` command line: ``launch`` and ``doctor``.
+"""The ``macfleet`` command line: ``launch``, ``doctor``, ``cabling`` and ``bench``.
 
 Every option can also come from an environment variable (``MACFLEET_<COMMAND>_<OPTION>``,
 shown in ``--help``). User mistakes are one-line usage errors, never tracebacks.
@@ -18,6 +18,7 @@ from macfleet.env import DEVICES
 from macfleet.launcher.hosts import Host, data_addresses, parse_hostfile, parse_hosts
 from macfleet.launcher.launch import LaunchConfig, run_with_restarts
 from macfleet.launcher.remote import SshOptions, find_this_machine
+from macfleet.launcher.thunderbolt import DEFAULT_SUBNET
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MACFLEET"})
@@ -27,7 +28,13 @@ def main() -> None:
 
 
 def host_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Where to run and how to get there: shared by every command that starts a job."""
+    """Where to run and how to get there, and what the ranks run with: shared by every command
+    that starts a job."""
+    return reach_options(job_options(command))
+
+
+def reach_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The hosts and how to reach them."""
     options = [
         click.option("--nproc", type=click.IntRange(min=1), default=None,
                      help="Training processes per host (the slots of hosts that give none) [default: 1]."),
@@ -42,6 +49,15 @@ def host_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Extra ssh -o option (repeatable)."),
         click.option("--ssh-connect-timeout", type=click.IntRange(1, 600), default=10, show_default=True,
                      help="Seconds to wait for an ssh connection."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def job_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """What a job's agents and ranks run with on every host."""
+    options = [
         click.option("--python", "python", default=sys.executable, show_default=True,
                      help="Python interpreter on the hosts (with macfleet and torch installed)."),
         click.option("--cwd", default=None, help="Working directory on every host [default: the current one]."),
@@ -232,6 +248,30 @@ def doctor(megabytes: int, **hosts: Any) -> None:
                       allow_version_mismatch=True, device="cpu", **hosts)
     cfg.hosts = [Host(h.name, 1, h.user, h.addrs) for h in cfg.hosts]
     sys.exit(run_doctor(cfg))
+
+
+@main.command()
+@reach_options
+@click.option("--subnet", default=DEFAULT_SUBNET, show_default=True,
+              help="The range each cable's /30 comes from (one no network of these Macs uses).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Write the hostfile here (else it is printed).")
+def cabling(subnet: str, output: str | None, **hosts: Any) -> None:
+    """Find the Thunderbolt cables between Macs: print each Mac's commands that give every cable
+    a subnet of its own, and the hostfile of a ring over them."""
+    import ipaddress
+
+    from macfleet.launcher.thunderbolt import run_cabling
+
+    try:
+        network = ipaddress.IPv4Network(subnet)
+    except ValueError:
+        raise click.BadParameter(f"{subnet!r} is not an IPv4 range like 10.78.0.0/16", param_hint="--subnet") from None
+    cfg = make_config("-m", ["macfleet"], python=sys.executable, cwd=None, data_addr=None, data_iface=None,
+                      env_pairs=(), allow_version_mismatch=True, device="cpu", **hosts)
+    if len(cfg.hosts) < 2:
+        raise click.UsageError("give the Macs to look at with --hosts or --hostfile (two or more)")
+    sys.exit(run_cabling(cfg.hosts, cfg.ssh, network, output))
 
 
 @main.group()
