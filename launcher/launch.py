@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,6 +180,16 @@ def shares_env(hosts: list[Host]) -> dict[str, str]:
     return {"MACFLEET_SHARES": ",".join(str(h.share) for h in hosts for _ in range(h.slots))}
 
 
+def terminal_env() -> dict[str, str]:
+    """The size of the launcher's terminal, for ranks whose output is a pipe (each agent takes
+    its ``[rank K]`` prefix off the width): progress bars (tqdm, rich) fill the line instead of
+    80 columns. Nothing where the launcher's output is not a terminal."""
+    if not sys.stdout.isatty():
+        return {}
+    size = shutil.get_terminal_size((0, 0))
+    return {"MACFLEET_TERMINAL": f"{size.columns}x{size.lines}"} if size.columns > 0 and size.lines > 0 else {}
+
+
 def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
     """One attempt of the job; ``stdin``: what to pass on to its ranks' standard input (none for
     bench and doctor, whose ranks read none)."""
@@ -206,7 +217,7 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
                 rank_base=rank_base, slots=host.slots, world_size=cfg.world_size, script=cfg.script,
                 args=list(cfg.args), device=cfg.device, seed=cfg.seed, memory_fraction=cfg.memory_fraction,
                 cwd=cfg.cwd, python=cfg.python, restart_count=cfg.restart_count,
-                env={**forwarded, **cfg.env, **shares_env(cfg.hosts)},
+                env={**forwarded, **terminal_env(), **cfg.env, **shares_env(cfg.hosts)},
                 grace_s=cfg.grace_s, prefix_host=len(cfg.hosts) > 1, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
                 log_dir=cfg.log_dir, show_ranks=cfg.show_ranks,
                 neighbour_addrs=neighbour_addrs(cfg, index),

@@ -40,6 +40,8 @@ MACFLEET_RANK_PID                  set by the rank's bootstrap to its own pid: a
                                    another pid is a subprocess of the rank (a DataLoader worker)
 GLOO_SOCKET_IFNAME                 the data address's interface, for scripts using gloo themselves
 OMP_WAIT_POLICY                    PASSIVE: spinning OpenMP threads starve the communication threads
+COLUMNS, LINES                     the launcher's terminal, less the ``[rank K]`` prefix, where the
+                                   launcher's output is one (progress bars fill the line)
 MALLOC_MMAP_THRESHOLD_,            32 and 64 MiB: glibc keeps freed ZeroMQ messages for reuse
 MALLOC_TRIM_THRESHOLD_             instead of page-faulting fresh memory for every one
 PYTORCH_MPS_HIGH_WATERMARK_RATIO,  set by the agent before the child imports torch, because

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
 import re
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -116,6 +120,50 @@ def test_ctrl_c_reaches_the_script_as_keyboard_interrupt(tmp_path, where: str) -
     finally:
         kill_group(proc.pid)
         proc.communicate()
+
+
+SIZE = """
+import os, shutil
+import macfleet
+macfleet.init()
+print("SIZE", tuple(shutil.get_terminal_size()), os.environ.get("MACFLEET_TERMINAL"), flush=True)
+"""
+
+
+def test_ranks_get_the_width_of_the_launcher_s_terminal_less_their_prefix(tmp_path) -> None:
+    """A rank's output is a pipe, so its progress bars (tqdm, rich) took 80 columns whatever
+    the terminal: the ranks get COLUMNS and LINES from the launcher's terminal, less the width
+    of their "[rank K] " prefix. Piped, the launcher passes nothing on (Python's 80x24)."""
+    script = tmp_path / "size.py"
+    script.write_text(SIZE)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))  # 30 lines of 100 columns
+    proc = subprocess.Popen(launch_command("--nproc", "2", str(script)), stdin=subprocess.DEVNULL, stdout=follower,
+                            stderr=subprocess.PIPE, env=env, start_new_session=True)
+    os.close(follower)
+    shown, deadline = b"", time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([leader], [], [], 1)[0]:
+                continue
+            try:
+                data = os.read(leader, 4096)
+            except OSError:  # EIO: every process holding the terminal has closed it
+                break
+            if not data:
+                break
+            shown += data
+        assert proc.wait(timeout=60) == 0, shown
+    finally:
+        kill_group(proc.pid)
+        proc.communicate()
+        os.close(leader)
+    for rank in (0, 1):  # "[rank 0] " takes 9 of the 100 columns
+        assert f"[rank {rank}] SIZE (91, 30) None" in shown.decode(), shown
+    piped = subprocess.run(launch_command("--nproc", "2", str(script)), capture_output=True, text=True, env=env,
+                           timeout=60)
+    assert piped.returncode == 0 and piped.stdout.count("SIZE (80, 24) None") == 2, piped.stdout
 
 
 def test_the_environment_contract_and_per_rank_seeds() -> None:

@@ -144,6 +144,11 @@ def stacks_file(error_file: str) -> str:
     return error_file.removesuffix(".json") + ".stacks"
 
 
+def rank_prefix(spec: AgentSpec, rank: int) -> str:
+    """What goes before each line of ``rank``'s output on the launcher's terminal."""
+    return f"[rank {rank} {spec.host}] " if spec.prefix_host else f"[rank {rank}] "
+
+
 def worker_env(spec: AgentSpec, local_rank: int, data_addrs: list[str], main_iface: str | None, master_addr: str,
                master_port: int, error_file: str, alive_fd: int) -> dict[str, str]:
     """The environment contract of ``macfleet.env``, built here and nowhere else."""
@@ -185,6 +190,11 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addrs: list[str], main_ifa
         env.setdefault("PYTORCH_MPS_HIGH_WATERMARK_RATIO", str(fraction))
         env.setdefault("PYTORCH_MPS_LOW_WATERMARK_RATIO", str(round(fraction * 0.8, 4)))
     env.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
+    # The launcher's terminal, less this rank's prefix (launch.terminal_env), unless --env set one
+    columns, _, lines = env.pop("MACFLEET_TERMINAL", "").partition("x")
+    if columns.isdigit() and lines.isdigit() and "COLUMNS" not in spec.env:
+        env["COLUMNS"] = str(max(20, int(columns) - len(rank_prefix(spec, spec.rank_base + local_rank))))
+        env["LINES"] = lines
     # Scripts that use torch.distributed (gloo) themselves: make gloo use the data-plane address
     # (``main_iface``: the interface that holds the main one), not whatever the hostname resolves
     # to (often loopback, which breaks multi-host jobs).
@@ -352,7 +362,7 @@ class Agent:
         assert proc.stdin is not None
         os.set_blocking(proc.stdin.fileno(), False)  # a rank that reads no input must not stall us
         worker = Worker(rank, local_rank, proc, error_file)
-        prefix = f"[rank {rank} {self.spec.host}] " if self.spec.prefix_host else f"[rank {rank}] "
+        prefix = rank_prefix(self.spec, rank)
         shown = self.spec.show_ranks is None or rank in self.spec.show_ranks
         log = self.logs.get(rank)
         sinks = (sys.stdout.buffer, sys.stderr.buffer) if shown else (None, None)
