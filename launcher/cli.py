@@ -6,6 +6,7 @@ shown in ``--help``). User mistakes are one-line usage errors, never tracebacks.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import sys
@@ -18,7 +19,7 @@ from macfleet.env import DEVICES
 from macfleet.launcher.hosts import Host, data_addresses, parse_hostfile, parse_hosts
 from macfleet.launcher.launch import LaunchConfig, run_with_restarts
 from macfleet.launcher.remote import SshOptions, find_this_machine
-from macfleet.launcher.thunderbolt import DEFAULT_SUBNET
+from macfleet.launcher.thunderbolt import DEFAULT_SUBNET, run_cabling
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MACFLEET"})
@@ -259,10 +260,6 @@ def doctor(megabytes: int, **hosts: Any) -> None:
 def cabling(subnet: str, output: str | None, **hosts: Any) -> None:
     """Find the Thunderbolt cables between Macs: print each Mac's commands that give every cable
     a subnet of its own, and the hostfile of a ring over them."""
-    import ipaddress
-
-    from macfleet.launcher.thunderbolt import run_cabling
-
     try:
         network = ipaddress.IPv4Network(subnet)
     except ValueError:

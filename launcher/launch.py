@@ -205,7 +205,7 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
         interrupted.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
+    forwarded = {**{k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}, **terminal_env()}
     agents: list[AgentProc] = []
     try:
         rank_base = 0
@@ -217,7 +217,7 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
                 rank_base=rank_base, slots=host.slots, world_size=cfg.world_size, script=cfg.script,
                 args=list(cfg.args), device=cfg.device, seed=cfg.seed, memory_fraction=cfg.memory_fraction,
                 cwd=cfg.cwd, python=cfg.python, restart_count=cfg.restart_count,
-                env={**forwarded, **terminal_env(), **cfg.env, **shares_env(cfg.hosts)},
+                env={**forwarded, **cfg.env, **shares_env(cfg.hosts)},
                 grace_s=cfg.grace_s, prefix_host=len(cfg.hosts) > 1, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
                 log_dir=cfg.log_dir, show_ranks=cfg.show_ranks,
                 neighbour_addrs=neighbour_addrs(cfg, index),
