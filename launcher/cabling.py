@@ -31,6 +31,12 @@ def out_of_order(nets: list[list[str]]) -> OutOfOrder | None:
     return OutOfOrder(missing, ring_order(nets)) if missing else None
 
 
+def hellos_out_of_order(hellos: dict[int, dict], count: int) -> OutOfOrder | None:
+    """``out_of_order`` for the ``count`` hosts whose agents said hello (each names its
+    ``data_nets``); a host not heard from counts as one with no address."""
+    return out_of_order([list(hellos.get(i, {}).get("data_nets") or []) for i in range(count)])
+
+
 def cabled(a: list[str], b: list[str]) -> bool:
     """Whether a subnet of one host's data addresses (``a``) holds one of the other's (``b``)."""
     nets = [ipaddress.ip_interface(x).network for x in a]

@@ -53,7 +53,7 @@ def run_doctor(cfg: LaunchConfig) -> int:
     majority = {k: max((str(f.get(k)) for f in facts), key=lambda v: sum(str(f.get(k)) == v for f in facts))
                 for k in VERSION_KEYS}
     rows, advice = [], []
-    wrong = cabling.out_of_order([list(coord.hellos.get(i, {}).get("data_nets") or []) for i in range(len(cfg.hosts))])
+    wrong = cabling.hellos_out_of_order(coord.hellos, len(cfg.hosts))
     uncabled = dict(wrong.gaps) if wrong else {}  # host -> the next in the list, which it has no cable to
     if wrong:
         advice.append(f"list the hosts in cabling order: {', '.join(cfg.hosts[i].name for i in wrong.order)}"

@@ -328,7 +328,7 @@ def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> No
         log("hosts disagree on versions (--allow-version-mismatch to run anyway):\n" + facts_table(names, facts))
         coord.fail(Failure(time.time(), "hosts run different torch or macfleet versions"))
         return
-    wrong = cabling.out_of_order([list(coord.hellos[i].get("data_nets") or []) for i in range(len(agents))])
+    wrong = cabling.hellos_out_of_order(coord.hellos, len(agents))
     if wrong:
         fix = (f"list them in cabling order: {', '.join(names[i] for i in wrong.order)}" if wrong.order else
                "the cables join no ring through every host")

@@ -122,7 +122,7 @@ def plan(ports: list[list[Port]], subnet: ipaddress.IPv4Network) -> Plan:
                             b, b_iface, ipaddress.IPv4Interface(f"{second}/30")))
     n = len(ports)
     linked = [[i != j and any({c.a, c.b} == {i, j} for c in cables) for j in range(n)] for i in range(n)]
-    return Plan(cables, cabling.ring_through(linked) if n > 1 else [0])
+    return Plan(cables, cabling.ring_through(linked))
 
 
 def commands(host: int, cables: list[Cable]) -> list[str]:
