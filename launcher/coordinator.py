@@ -587,7 +587,8 @@ def _fewer_steps(op: str) -> str:
     if "DataParallel" not in op:
         return ""
     return ("; in DataParallel that means fewer training steps: every rank must run as many batches as the others "
-            "(macfleet.DistributedSampler gives every rank the same number)")
+            "(macfleet.DistributedSampler gives every rank the same number), or train inside `with model.join():`, "
+            "where a rank out of batches takes part in the others' steps")
 
 
 def spans(ranks: list[int]) -> str:

@@ -42,6 +42,7 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
         lines += ["other ranks:", *others]
     if _about_collectives(root):
         lines += collectives_report(exits)
+        lines += _join_hint(exits)
     lines.append("=" * 72)
     return "\n".join(lines)
 
@@ -51,6 +52,17 @@ def _about_collectives(root: Failure) -> bool:
     if root.exit is not None:
         return (root.exit.error or {}).get("type") == "ProtocolError"
     return "different collectives" in root.reason
+
+
+def _join_hint(exits: dict[int, WorkerExit]) -> list[str]:
+    """What it means when one of the ranks stood in ``join()``'s round: it had run out of batches
+    and shadowed only DataParallel's collectives, and the others made one of their own."""
+    if not any("from DataParallel (join) [failed here]" in str((e.error or {}).get("collectives") or "")
+               for e in exits.values()):
+        return []
+    return ["a rank that has run out of batches inside model.join() takes part only in DataParallel's own collectives "
+            "(its round, the buffers, the gradients): make the script's other collectives (a metric, a checkpoint) "
+            "after the join() block, or give every rank the same number of batches"]
 
 
 def collectives_report(exits: dict[int, WorkerExit]) -> list[str]:

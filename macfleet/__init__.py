@@ -26,6 +26,7 @@ from macfleet.errors import (
     PeerLost,
     ProtocolError,
     RendezvousError,
+    UnevenInputs,
 )
 
 __version__ = "0.1.0"
@@ -77,7 +78,7 @@ def __getattr__(name: str) -> Any:
 # Spelled out, not built from _LAZY, so that linters and type checkers see what is exported.
 __all__ = [
     "CollectiveTimeout", "ConfigError", "JobAborted", "MacfleetError", "PeerLost", "ProtocolError",
-    "RendezvousError", "__version__", "checkpoint",
+    "RendezvousError", "UnevenInputs", "__version__", "checkpoint",
     "init", "shutdown", "rank", "world_size", "local_rank", "shares", "device", "memory", "empty_cache", "all_reduce",
     "broadcast", "all_gather", "barrier", "host_tensor", "broadcast_object", "all_gather_object", "DataParallel",
     "DistributedSampler", "SyncBatchNorm",

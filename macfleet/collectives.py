@@ -105,6 +105,7 @@ class Collectives:
         self.ops_done = 0  # progress counter, read by the heartbeat
         self.started = time.monotonic()
         self.waited_s = 0.0  # time the script's threads spent blocked in macfleet (``waiting``)
+        self.stood_by_s = 0.0  # time neither worked nor waited for a slower rank (``standing_by``)
         # For the launcher's suggested shares: the seconds this rank worked in each training step
         # (DataParallel notes them, its waits left out), and its part of every step's samples.
         self.step_work_s: deque[float] = deque(maxlen=4096)
@@ -507,6 +508,18 @@ class Collectives:
         if started is not None:
             self._thread.counting = False
             self.waited_s += time.monotonic() - started
+
+    @contextmanager
+    def standing_by(self) -> Iterator[None]:
+        """Time in the block is neither work nor waiting for slower ranks: a rank out of batches
+        inside ``DataParallel.join()`` stands by while the others train on. The launcher's pace
+        line leaves it out, or it would name the ranks with more batches as the slow ones."""
+        started = time.monotonic()
+        try:
+            with self.in_background():
+                yield
+        finally:
+            self.stood_by_s += time.monotonic() - started
 
     @contextmanager
     def in_background(self) -> Iterator[None]:

@@ -36,3 +36,8 @@ class JobAborted(MacfleetError):
 
 class ProtocolError(MacfleetError):
     """Two ranks disagree about a collective (different sizes, dtypes or order)."""
+
+
+class UnevenInputs(MacfleetError):
+    """Inside ``DataParallel.join(throw_on_early_termination=True)``, a rank ran out of
+    batches: raised on every rank at the same step, so that all leave their loops together."""

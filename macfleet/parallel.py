@@ -43,6 +43,7 @@ from macfleet import runtime as rt
 from macfleet.backends import Device, HostEvent
 from macfleet.collectives import WIRE_DTYPES, WORK_DTYPE, Collectives
 from macfleet.errors import ConfigError, ProtocolError
+from macfleet.join import Join
 
 
 @dataclass
@@ -61,6 +62,10 @@ class Bucket:
     def view(self, k: int) -> torch.Tensor:
         p = self.params[k]
         return self.flat[self.offsets[k]: self.offsets[k] + p.numel()].view_as(p)
+
+    def staged(self) -> torch.Tensor:
+        """Where the bucket is averaged: its host buffer, or itself where the device is the host."""
+        return self.flat if self.host is None else self.host
 
 
 class DataParallel(nn.Module):
@@ -92,7 +97,9 @@ class DataParallel(nn.Module):
         self.require_backward_grad_sync = True
         self.last_wait_s = 0.0  # how long the end of the last backward waited for communication
         self._step_ended: tuple[float, float] | None = None  # when the last step's exchange ended, and waited_s then
-        self.scale = _share_scale(shares, self.runtime.rank, self.runtime.world_size)
+        self._weights = _share_weights(shares, self.runtime.world_size)  # each rank's, as given
+        self.scale = self._weights[self.runtime.rank] * len(self._weights) / sum(self._weights)
+        self._join: Join | None = None  # the join() block this DataParallel trains in, if any
         self._caps = int(first_bucket_mb * 2**20), int(bucket_cap_mb * 2**20)
         self.buckets: list[Bucket] = []
         self._where: dict[int, tuple[Bucket, int]] = {}
@@ -219,12 +226,15 @@ class DataParallel(nn.Module):
             raise ConfigError(
                 f"this DataParallel's parameters were wrapped again by a newer DataParallel (of "
                 f"{self._replaced_by}), which now averages their gradients: train through the newer one")
-        if self.runtime.world_size > 1 and self._stale():
+        changed = self.runtime.world_size > 1 and self._stale()
+        # inside join(): which ranks train in this step, and which of them the buffers come from
+        source = 0 if self._join is None else self._join.agree(self.require_backward_grad_sync, changed).source
+        if changed:
             self._lay_out("DataParallel (parameters changed)")
         self._check_placement()
         if self.broadcast_buffers and self.runtime.world_size > 1:
             with torch.no_grad(), rt.on_behalf_of("DataParallel (buffers)"):
-                _broadcast_flat(self._known_buffers, "buffers")
+                _broadcast_flat(self._known_buffers, "buffers", source)
 
     def _check_placement(self) -> None:
         """The buckets were laid out for the parameters' device and dtype at construction; a
@@ -238,6 +248,40 @@ class DataParallel(nn.Module):
                         f"DataParallel laid out its gradients for {str(bucket.flat.dtype).replace('torch.', '')} "
                         f"on {bucket.flat.device} when it was built: move or cast the model before wrapping "
                         f"it, as in DataParallel(net.to(device))")
+
+    def join(self, *, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+             divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> Join:
+        """A block for the training loop in which ranks may have different numbers of batches
+        (torch DDP's ``join()``, see ``macfleet.join``): a rank that runs out stays in the block's
+        exit and takes part in the others' steps with zero gradients. Gradients are divided by the
+        whole job, or by the ranks still training with ``divide_by_initial_world_size=False``.
+        When all have left their loops, every rank gets the model of a rank that trained to the
+        end, and ``optimizer``'s state (one or a list) too. ``throw_on_early_termination=True``
+        raises ``macfleet.UnevenInputs`` on every rank at the step the first rank runs out."""
+        return Join(self, optimizer, divide_by_initial_world_size, enable, throw_on_early_termination)
+
+    def _weigh(self, factor: float) -> None:
+        """This rank's gradients count ``factor`` times their share in the coming averages (join())."""
+        for bucket in self.buckets:
+            bucket.scale = self.scale * factor
+
+    def _shadow_step(self, source: int, syncing: bool) -> None:
+        """The collectives of a training step, made with zeros by a rank out of batches (join())."""
+        with torch.no_grad():
+            if self.broadcast_buffers:
+                with rt.on_behalf_of("DataParallel (buffers)"):
+                    _broadcast_flat(self._known_buffers, "buffers", source)
+            if syncing:  # the host buffers are zeroed: their last copies back to the device must be over
+                self.runtime.device.record_event().synchronize()  # our own work only, never a peer's
+            for bucket in self.buckets if syncing else []:  # in index order, as the training ranks release them
+                _exchange(bucket, bucket.staged().zero_(), self.compression)
+
+    def _broadcast_state(self, source: int) -> None:
+        """Rank ``source``'s parameters, and its buffers where they are shared, on every rank."""
+        _broadcast_flat([p for _, p in self._known_params], "parameters", source)
+        if self.broadcast_buffers:
+            _broadcast_flat(self._known_buffers, "buffers", source)
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -504,14 +548,18 @@ def _average(bucket: Bucket, copied: HostEvent, device: Device, compression: str
     """Average the staged bucket over all ranks and queue its copy back to the device (unless
     ``copy_back`` is False: the thread that runs backward copies it back)."""
     copied.synchronize()
-    name = f"gradient bucket {bucket.index}"
-    staged = bucket.flat if bucket.host is None else bucket.host
+    staged = bucket.staged()
     if bucket.scale != 1.0:
         staged.mul_(bucket.scale)
-    with rt.on_behalf_of("DataParallel (gradients)"):
-        rt.all_reduce(staged, "avg", name=name, compression=compression)
+    _exchange(bucket, staged, compression)
     if bucket.host is not None and copy_back:
         device.from_host(bucket.host, bucket.flat)
+
+
+def _exchange(bucket: Bucket, staged: torch.Tensor, compression: str) -> None:
+    """The bucket's average over all ranks, in ``staged``: the one collective each bucket makes."""
+    with rt.on_behalf_of("DataParallel (gradients)"):
+        rt.all_reduce(staged, "avg", name=f"gradient bucket {bucket.index}", compression=compression)
 
 
 # torch 2.3 and later; torch.compile was rare before, and Dynamo folds this call while it traces
@@ -542,14 +590,14 @@ def _share_batch_statistics(module: nn.Module) -> None:
             m.__class__ = SyncBatchNorm
 
 
-def _share_scale(shares: Sequence[float] | None, rank: int, world: int) -> float:
-    """What this rank's gradients are multiplied by before the average, for ``shares``."""
+def _share_weights(shares: Sequence[float] | None, world: int) -> list[float]:
+    """Each rank's weight in the average, for ``shares``."""
     if shares is None:
-        return 1.0
+        return [1.0] * world
     weights = [float(s) for s in shares]
     if len(weights) != world or not all(0 < w < float("inf") for w in weights):
         raise ConfigError(f"shares must be {world} numbers above 0 (one per rank), not {list(shares)}")
-    return weights[rank] * world / sum(weights)
+    return weights
 
 
 def _agree_on_shares(shares: Sequence[float] | None, world: int) -> None:
@@ -650,11 +698,11 @@ def _by_dtype(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     return list(groups.values())
 
 
-def _broadcast_flat(tensors: list[torch.Tensor], what: str) -> None:
-    """Broadcast from rank 0 in one message per dtype rather than one per tensor."""
+def _broadcast_flat(tensors: list[torch.Tensor], what: str, src: int = 0) -> None:
+    """Broadcast from rank ``src`` in one message per dtype rather than one per tensor."""
     for group in _by_dtype([t for t in tensors if t.numel()]):
         flat = torch.cat([t.reshape(-1) for t in group])
-        rt.broadcast(flat, 0, name=what)
+        rt.broadcast(flat, src, name=what)
         offset = 0
         for t in group:
             t.copy_(flat[offset: offset + t.numel()].view_as(t))

@@ -291,7 +291,7 @@ def shutdown() -> None:
         bye: dict[str, Any] = {"last_op": 0}
         c = rt.collectives
         if c is not None:  # how much of its time it waited, and how fast it trained, for the launcher's pace line
-            bye = {"last_op": c.last_op, "waited_s": c.waited_s, "ran_s": time.monotonic() - c.started,
+            bye = {"last_op": c.last_op, "waited_s": c.waited_s, "ran_s": time.monotonic() - c.started - c.stood_by_s,
                    "step_s": statistics.median(c.step_work_s) if c.step_work_s else None,
                    "share": c.step_share}
         rt.control.outbox.put((protocol.BYE, bye))
@@ -516,6 +516,14 @@ def waiting() -> Iterator[None]:
     (``Collectives.waiting``); DataParallel's end of backward uses it."""
     rt = runtime()
     with rt.collectives.waiting() if rt.collectives is not None else nullcontext():
+        yield
+
+
+@contextmanager
+def standing_by() -> Iterator[None]:
+    """This thread stands by for the other ranks in the block (``Collectives.standing_by``)."""
+    rt = runtime()
+    with rt.collectives.standing_by() if rt.collectives is not None else nullcontext():
         yield
 
 

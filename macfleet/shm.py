@@ -65,7 +65,8 @@ class Signature:
     KINDS = ("all_reduce", "broadcast", "all_gather", "shared_tensor")
     REDUCE_OPS = ("", "sum", "avg", "max", "min")
     CALLERS = ("", "DataParallel (start)", "DataParallel (buffers)", "DataParallel (gradients)",
-               "checkpoint.save", "checkpoint.load", "DataParallel (parameters changed)", "SyncBatchNorm")
+               "checkpoint.save", "checkpoint.load", "DataParallel (parameters changed)", "SyncBatchNorm",
+               "DataParallel (join)")
     DTYPES = tuple(sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str))
 
     def words(self) -> tuple[int, int, int]:

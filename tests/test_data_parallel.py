@@ -16,6 +16,7 @@ from conftest import BIN, Job, run_launch
 
 sys.path.insert(0, str(BIN))
 import dp_cases  # noqa: E402
+import join_cases  # noqa: E402
 import oracle  # noqa: E402
 import sync_bn  # noqa: E402
 
@@ -189,4 +190,74 @@ def test_training_on_after_an_exception_in_backward_is_refused() -> None:
     job, report = failed("backward-raises")
     assert "caught out of memory" in job.stdout, job.output
     assert "rank 1" in report and "the previous backward raised" in report, report
+    assert job.seconds < 30
+
+
+def join_reference(case: str, world: int = 3) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]], list]:
+    """What ``join_cases`` must end with, trained in one process: the parameters and momentum
+    (the same on every rank), and each rank's buffers. A step's gradient is the sum over the
+    ranks still training, divided by the job (or by those ranks); the buffers each forward
+    starts from are those of the lowest rank still training, as that rank left them."""
+    model = join_cases.make_model()
+    opt = join_cases.make_optimizer(model)
+    counts = [join_cases.batches(case, r) for r in range(world)]
+    halves = [slice(0, 4), slice(4, 8)] if case == "accumulate" else [slice(0, 8)]
+    after: dict[int, dict[str, torch.Tensor]] = {r: {k: b.clone() for k, b in model.named_buffers()} for r in range(world)}
+    training: list[int] = []
+    for step in range(min(counts) if case == "throw" else max(counts)):
+        training = [r for r in range(world) if counts[r] > step]
+        opt.zero_grad()
+        for part in halves:
+            start = after[training[0]]
+            for r in training:
+                model.load_state_dict(start, strict=False)
+                x, y = join_cases.batch(r, step)
+                divisor = len(training) if case == "divide-by-training" else world
+                (nn.functional.cross_entropy(model(x[part]), y[part]) / len(halves) / divisor).backward()
+                after[r] = {k: b.clone() for k, b in model.named_buffers()}
+        opt.step()
+    final = range(world) if len(training) == world else [training[0]] * world
+    params = dict(model.named_parameters())
+    return {k: v.detach() for k, v in params.items()}, [after[r] for r in final], \
+        [opt.state[p]["momentum_buffer"] for p in params.values()]
+
+
+@pytest.mark.parametrize("case", ["even", "uneven", "accumulate", "divide-by-training", "fp16", "throw"])
+def test_ranks_with_fewer_batches_shadow_the_others_inside_join(tmp_path, case: str) -> None:
+    """Rank 0 has 2 batches, rank 1 has 5 and rank 2 has 3. Inside ``model.join()`` the job
+    ends, and every rank ends with the model and optimizer state of one process that trained
+    every rank's batches (with ``throw_on_early_termination``: every rank stops after 2)."""
+    job = run_launch("--nproc", "3", str(BIN / "join_cases.py"), case, str(tmp_path),
+                     env={"MACFLEET_SHM": "0"} if case == "fp16" else None, timeout=60)
+    assert job.code == 0, job.output
+    params, buffers, momentum = join_reference(case)
+    tolerance = TOLERANCE.get(case, 1e-5)
+    for rank in range(3):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        for name, value in params.items():
+            assert torch.allclose(got["model"][name], value, atol=tolerance, rtol=0), (rank, name)
+        for name, value in buffers[rank].items():
+            assert torch.allclose(got["model"][name], value, atol=tolerance, rtol=0), (rank, name)
+        for value, want in zip(got["momentum"], momentum, strict=True):
+            assert torch.allclose(value, want, atol=tolerance, rtol=0), rank
+        if case == "uneven" and rank == 0:
+            # Standing by for rank 1's three slower steps is neither work nor waiting for a slower
+            # rank: the launcher's pace line would otherwise name rank 1 as the slow one.
+            assert got["stood_by_s"] >= 3 * join_cases.SLOW_STEP_S, got
+            assert got["waited_s"] < got["stood_by_s"] / 2, got
+        if case == "throw":
+            assert got["steps"] == 2, got["steps"]
+            assert f"rank {rank} stopped after 2 steps: rank 0 ran out of inputs" in job.stdout, job.output
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("sync-bn", "join() cannot shadow SyncBatchNorm '1'"),
+    # the script averages its loss each step: rank 0, out of batches, cannot shadow that
+    ("metric", "takes part only in DataParallel's own collectives"),
+])
+def test_what_join_cannot_shadow_is_named(tmp_path, case: str, expected: str) -> None:
+    job = run_launch("--nproc", "3", str(BIN / "join_cases.py"), case, str(tmp_path), timeout=60)
+    assert job.code != 0
+    report = job.stderr[job.stderr.index("root cause"):]
+    assert expected in report, report
     assert job.seconds < 30

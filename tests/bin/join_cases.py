@@ -1,0 +1,101 @@
+"""Ranks with different numbers of batches inside ``model.join()``: ``join_cases.py CASE OUTDIR``.
+
+Rank r trains on ``batches(r)`` batches (rank 0, the buffers' usual source, runs out first).
+The model has a BatchNorm, so its buffers move, and the optimizer has momentum, so its state
+does. Every rank saves its parameters, buffers and momentum to OUTDIR/rank{r}.pt after the
+block; the test trains the same steps in one process (``reference``) and compares.
+
+Cases: ``even`` (every rank has the same batches: nothing to shadow), ``uneven`` (rank 1's
+steps after rank 0's last take 0.5 s longer each, work that rank 0 stands by for; every rank
+saves how long it stood by and how long it waited),
+``accumulate`` (each step is two micro-batches, the first under ``no_sync()``),
+``divide-by-training`` (``divide_by_initial_world_size=False``), ``fp16`` (wire compression),
+``throw`` (``throw_on_early_termination=True``: every rank stops at rank 0's last batch; the
+rank saves the step it stopped at), ``metric`` (the script averages its loss each step, a
+collective a rank out of batches cannot shadow), ``sync-bn`` (a SyncBatchNorm in the model).
+
+The model trains on ``macfleet.device()`` (CUDA on the device machine, under ``--device
+cuda``); a third argument ``training-thread`` makes every device copy from the thread that
+runs backward, as on MPS.
+"""
+
+import sys
+import time
+
+import torch
+from torch import nn
+
+import macfleet
+from macfleet.runtime import runtime
+
+STEPS = {0: 2, 1: 5, 2: 3}  # batches per rank
+BATCH = 8
+SLOW_STEP_S = 0.5
+
+
+def batches(case, rank):
+    return 4 if case == "even" else STEPS[rank]
+
+
+def make_model(case="uneven"):
+    torch.manual_seed(4321)
+    norm = nn.SyncBatchNorm(16) if case == "sync-bn" else nn.BatchNorm1d(16)
+    return nn.Sequential(nn.Linear(10, 16), norm, nn.Tanh(), nn.Linear(16, 3))
+
+
+def make_optimizer(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(BATCH, 10, generator=g), torch.randint(0, 3, (BATCH,), generator=g)
+
+
+def train_step(case, model, x, y):
+    if case == "accumulate":
+        with model.no_sync():
+            (nn.functional.cross_entropy(model(x[:4]), y[:4]) / 2).backward()
+        (nn.functional.cross_entropy(model(x[4:]), y[4:]) / 2).backward()
+        return
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    if case == "metric":
+        macfleet.all_reduce(loss.detach().clone(), "avg", name="loss")
+
+
+def main():
+    case, out = sys.argv[1], sys.argv[2]
+    macfleet.init()
+    rank, device = macfleet.rank(), macfleet.device()
+    if sys.argv[3:] == ["training-thread"]:
+        runtime().device.copies_from_training_thread = True
+    model = macfleet.DataParallel(make_model(case).to(device), compression="fp16" if case == "fp16" else "none")
+    optimizer = make_optimizer(model)
+    options = {"optimizer": optimizer}
+    if case == "divide-by-training":
+        options["divide_by_initial_world_size"] = False
+    if case == "throw":
+        options["throw_on_early_termination"] = True
+    steps = 0
+    try:
+        with model.join(**options):
+            for step in range(batches(case, rank)):
+                optimizer.zero_grad()
+                if case == "uneven" and rank == 1 and step >= batches(case, 0):
+                    time.sleep(SLOW_STEP_S)  # a longer step's work, which rank 0 stands by for
+                train_step(case, model, *(t.to(device) for t in batch(rank, step)))
+                optimizer.step()
+                steps += 1
+    except macfleet.UnevenInputs as exc:
+        print(f"rank {rank} stopped after {steps} steps: {exc}", flush=True)
+    state = {"model": {k: v.cpu() for k, v in model.module.state_dict().items()},
+             "momentum": [optimizer.state[p]["momentum_buffer"].cpu() for p in model.module.parameters()],
+             "steps": steps, "stood_by_s": runtime().collectives.stood_by_s,
+             "waited_s": runtime().collectives.waited_s}
+    torch.save(state, f"{out}/rank{rank}.pt")
+    macfleet.shutdown()
+
+
+if __name__ == "__main__":
+    main()
