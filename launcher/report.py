@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from macfleet.launcher.coordinator import Failure, spans
-from macfleet.protocol import WorkerExit
+from macfleet.protocol import STOOD_BY, WorkerExit
 
 
 def describe(exit_: WorkerExit) -> str:
@@ -55,10 +55,9 @@ def _about_collectives(root: Failure) -> bool:
 
 
 def _join_hint(exits: dict[int, WorkerExit]) -> list[str]:
-    """What it means when one of the ranks stood in ``join()``'s round: it had run out of batches
-    and shadowed only DataParallel's collectives, and the others made one of their own."""
-    if not any("from DataParallel (join) [failed here]" in str((e.error or {}).get("collectives") or "")
-               for e in exits.values()):
+    """What it means when a rank failed while it stood by inside ``join()``: it had run out of
+    batches and shadows only DataParallel's collectives, and the others made one of their own."""
+    if not any(STOOD_BY in str((e.error or {}).get("collectives") or "") for e in exits.values()):
         return []
     return ["a rank that has run out of batches inside model.join() takes part only in DataParallel's own collectives "
             "(its round, the buffers, the gradients): make the script's other collectives (a metric, a checkpoint) "

@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from macfleet import hostops
+from macfleet import hostops, protocol
 from macfleet.backends import check_tensor
 from macfleet.errors import ConfigError
 from macfleet.history import History, call_site, where
@@ -106,6 +106,10 @@ class Collectives:
         self.started = time.monotonic()
         self.waited_s = 0.0  # time the script's threads spent blocked in macfleet (``waiting``)
         self.stood_by_s = 0.0  # time neither worked nor waited for a slower rank (``standing_by``)
+        # Waits for a collective handed to a background thread that has not run yet (the round of
+        # DataParallel.join, which forward does not wait for): any other thread's collective must
+        # come after it, or ranks would number the two differently.
+        self.ahead: Callable[[], None] | None = None
         # For the launcher's suggested shares: the seconds this rank worked in each training step
         # (DataParallel notes them, its waits left out), and its part of every step's samples.
         self.step_work_s: deque[float] = deque(maxlen=4096)
@@ -515,9 +519,11 @@ class Collectives:
         inside ``DataParallel.join()`` stands by while the others train on. The launcher's pace
         line leaves it out, or it would name the ranks with more batches as the slow ones."""
         started = time.monotonic()
+        self.history.note = protocol.STOOD_BY  # left in place if the block raises: the error report shows it
         try:
             with self.in_background():
                 yield
+            self.history.note = ""
         finally:
             self.stood_by_s += time.monotonic() - started
 
@@ -536,6 +542,8 @@ class Collectives:
         (the coordinator's stall report names who waits on whom) and to this host's other ranks
         (``LocalGroup.announce``: ranks in different collectives fail instead of mixing bytes).
         A small one (``nbytes``) does its arithmetic on this thread alone."""
+        if self.ahead is not None and not getattr(self._thread, "background", False):
+            self.ahead()
         since = self._start_waiting()  # inline, not self.waiting(): a generator costs 1-2 us a collective
         try:
             with self._lock, hostops.threads_for(nbytes, self.inline_bytes):

@@ -53,6 +53,7 @@ class History:
         # (DataParallel's communication thread). A tuple: this costs well under 1 us a collective.
         self.made: deque[tuple[int, object, str, int]] = deque(maxlen=KEPT)
         self.failed_in = 0  # the collective this rank left by an exception (0: none)
+        self.note = ""  # a line after them, on what the rank was doing (``protocol.STOOD_BY``)
 
     def add(self, op: int, what: object, site: tuple[str, int]) -> None:
         self.made.append((op, what, *site))
@@ -64,4 +65,4 @@ class History:
             source = linecache.getline(path, line).strip() if path else ""
             at = f" at {where(path, line)}" + (f": {source[:80]}" if source else "") if path else ""
             out.append(f"#{op} {what}{' [failed here]' if op == self.failed_in else ''}{at}")
-        return out
+        return out + [self.note] if self.note else out

@@ -228,7 +228,8 @@ class DataParallel(nn.Module):
                 f"{self._replaced_by}), which now averages their gradients: train through the newer one")
         changed = self.runtime.world_size > 1 and self._stale()
         # inside join(): which ranks train in this step, and which of them the buffers come from
-        source = 0 if self._join is None else self._join.agree(self.require_backward_grad_sync, changed).source
+        agreed = None if self._join is None else self._join.agree(self.require_backward_grad_sync, changed)
+        source = 0 if agreed is None else agreed.source
         if changed:
             self._lay_out("DataParallel (parameters changed)")
         self._check_placement()
@@ -260,6 +261,19 @@ class DataParallel(nn.Module):
         end, and ``optimizer``'s state (one or a list) too. ``throw_on_early_termination=True``
         raises ``macfleet.UnevenInputs`` on every rank at the step the first rank runs out."""
         return Join(self, optimizer, divide_by_initial_world_size, enable, throw_on_early_termination)
+
+    def _ahead_of_buckets(self, fn: Callable[[], Any]) -> Callable[[], None]:
+        """Run the collective ``fn`` on the bucket thread, before the buckets released after it,
+        without waiting; the function returned waits for it (join()'s round in forward)."""
+        comm = _CommThread.of(self.runtime)
+        call = comm.submit(fn)
+
+        def settle() -> None:
+            self._collectives.ahead = None
+            comm.wait([call])
+
+        self._collectives.ahead = settle  # a collective of the script's, on this thread, comes after it
+        return settle
 
     def _weigh(self, factor: float) -> None:
         """This rank's gradients count ``factor`` times their share in the coming averages (join())."""
@@ -456,7 +470,7 @@ class _CommThread:
         self.collectives = runtime.collectives
         self.inbox: queue.Queue[tuple[Bucket, HostEvent, list[Bucket], str] | _Call] = queue.Queue()
         self.done = threading.Condition()
-        self.released = self.finished = 0  # buckets, since the start
+        self.released = self.finished = 0  # buckets and calls, since the start
         self.error: BaseException | None = None  # sticky: after a failed exchange no gradient is trusted
         self.thread = threading.Thread(target=self._run, name="macfleet-buckets", daemon=True)
         self.thread.start()
@@ -471,13 +485,20 @@ class _CommThread:
 
     def call(self, fn: Callable[[], T]) -> T:
         """``fn``'s result, run on this thread after everything released before it."""
-        request = _Call(fn)
-        self.inbox.put(request)
+        request = self.submit(fn)
         self.wait([request])  # its error, or a failed exchange before it, is raised here
         return request.result
 
+    def submit(self, fn: Callable[[], Any]) -> _Call:
+        """Run ``fn`` on this thread after everything released before it; ``wait`` for it."""
+        request = _Call(fn)
+        self.released += 1  # the threads that submit take turns: forward's, then backward's
+        self.inbox.put(request)
+        return request
+
     def idle(self) -> bool:
-        """Whether everything released has been averaged (then nothing else can be in flight)."""
+        """Whether everything released has been averaged and every call made (then nothing
+        else can be in flight)."""
         with self.done:
             return self.finished == self.released
 
@@ -528,7 +549,7 @@ class _CommThread:
                 self._fail(exc)
             with self.done:
                 work.done = True
-                self.finished += isinstance(work, Bucket)  # finished counts buckets, as released does
+                self.finished += 1
                 self.done.notify_all()
 
     def _fail(self, error: BaseException) -> None:

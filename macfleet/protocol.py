@@ -149,6 +149,9 @@ class WorkerExit:
 
 FIELD_BYTES, TAIL_BYTES = 1 << 10, 4 << 10  # of an exit: well inside a header, with these
 ERROR_BYTES = {"traceback": 6 << 10, "collectives": 2 << 10}
+# The last line of a rank's collectives in its error report when it failed while it stood by
+# inside DataParallel.join() (``History.note``): the launcher's report then says what that means.
+STOOD_BY = "(this rank had run out of batches and stood by for the others inside DataParallel.join())"
 
 
 def _cut(text: str, limit: int) -> str:

@@ -197,11 +197,13 @@ def join_reference(case: str, world: int = 3) -> tuple[dict[str, torch.Tensor], 
     """What ``join_cases`` must end with, trained in one process: the parameters and momentum
     (the same on every rank), and each rank's buffers. A step's gradient is the sum over the
     ranks still training, divided by the job (or by those ranks); the buffers each forward
-    starts from are those of the lowest rank still training, as that rank left them."""
+    starts from are those of the lowest rank still training, as that rank left them (each
+    rank's own with ``broadcast_buffers=False``)."""
     model = join_cases.make_model()
     opt = join_cases.make_optimizer(model)
     counts = [join_cases.batches(case, r) for r in range(world)]
-    halves = [slice(0, 4), slice(4, 8)] if case == "accumulate" else [slice(0, 8)]
+    own = case in ("own-buffers", "metric-even")
+    halves = [slice(0, 4), slice(4, 8)] if case in ("accumulate", "own-buffers") else [slice(0, 8)]
     after: dict[int, dict[str, torch.Tensor]] = {r: {k: b.clone() for k, b in model.named_buffers()} for r in range(world)}
     training: list[int] = []
     for step in range(min(counts) if case == "throw" else max(counts)):
@@ -210,19 +212,20 @@ def join_reference(case: str, world: int = 3) -> tuple[dict[str, torch.Tensor], 
         for part in halves:
             start = after[training[0]]
             for r in training:
-                model.load_state_dict(start, strict=False)
+                model.load_state_dict(after[r] if own else start, strict=False)
                 x, y = join_cases.batch(r, step)
                 divisor = len(training) if case == "divide-by-training" else world
                 (nn.functional.cross_entropy(model(x[part]), y[part]) / len(halves) / divisor).backward()
                 after[r] = {k: b.clone() for k, b in model.named_buffers()}
         opt.step()
-    final = range(world) if len(training) == world else [training[0]] * world
+    final = range(world) if len(training) == world or own else [training[0]] * world
     params = dict(model.named_parameters())
     return {k: v.detach() for k, v in params.items()}, [after[r] for r in final], \
         [opt.state[p]["momentum_buffer"] for p in params.values()]
 
 
-@pytest.mark.parametrize("case", ["even", "uneven", "accumulate", "divide-by-training", "fp16", "throw"])
+@pytest.mark.parametrize("case", ["even", "metric-even", "uneven", "accumulate", "own-buffers", "divide-by-training",
+                                  "fp16", "throw"])
 def test_ranks_with_fewer_batches_shadow_the_others_inside_join(tmp_path, case: str) -> None:
     """Rank 0 has 2 batches, rank 1 has 5 and rank 2 has 3. Inside ``model.join()`` the job
     ends, and every rank ends with the model and optimizer state of one process that trained
@@ -254,6 +257,7 @@ def test_ranks_with_fewer_batches_shadow_the_others_inside_join(tmp_path, case: 
     ("sync-bn", "join() cannot shadow SyncBatchNorm '1'"),
     # the script averages its loss each step: rank 0, out of batches, cannot shadow that
     ("metric", "takes part only in DataParallel's own collectives"),
+    ("no-sync-differs", "2 of the 3 training ranks average gradients in this step and the others are in no_sync()"),
 ])
 def test_what_join_cannot_shadow_is_named(tmp_path, case: str, expected: str) -> None:
     job = run_launch("--nproc", "3", str(BIN / "join_cases.py"), case, str(tmp_path), timeout=60)

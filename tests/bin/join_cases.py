@@ -5,14 +5,19 @@ The model has a BatchNorm, so its buffers move, and the optimizer has momentum, 
 does. Every rank saves its parameters, buffers and momentum to OUTDIR/rank{r}.pt after the
 block; the test trains the same steps in one process (``reference``) and compares.
 
-Cases: ``even`` (every rank has the same batches: nothing to shadow), ``uneven`` (rank 1's
+Cases: ``even`` (every rank has the same batches: nothing to shadow), ``metric-even`` (the
+same, as ``own-buffers`` below, and the script averages its loss between forward and backward,
+while the round may still be on the bucket thread), ``uneven`` (rank 1's
 steps after rank 0's last take 0.5 s longer each, work that rank 0 stands by for; every rank
 saves how long it stood by and how long it waited),
 ``accumulate`` (each step is two micro-batches, the first under ``no_sync()``),
+``own-buffers`` (the same with ``broadcast_buffers=False`` and one bucket per module: forward
+leaves the round to the bucket thread and does not wait for it),
 ``divide-by-training`` (``divide_by_initial_world_size=False``), ``fp16`` (wire compression),
 ``throw`` (``throw_on_early_termination=True``: every rank stops at rank 0's last batch; the
 rank saves the step it stopped at), ``metric`` (the script averages its loss each step, a
-collective a rank out of batches cannot shadow), ``sync-bn`` (a SyncBatchNorm in the model).
+collective a rank out of batches cannot shadow), ``sync-bn`` (a SyncBatchNorm in the model),
+``no-sync-differs`` (rank 1 alone takes its first step under ``no_sync()``).
 
 The model trains on ``macfleet.device()`` (CUDA on the device machine, under ``--device
 cuda``); a third argument ``training-thread`` makes every device copy from the thread that
@@ -34,7 +39,7 @@ SLOW_STEP_S = 0.5
 
 
 def batches(case, rank):
-    return 4 if case == "even" else STEPS[rank]
+    return 4 if case in ("even", "metric-even") else STEPS[rank]
 
 
 def make_model(case="uneven"):
@@ -53,15 +58,19 @@ def batch(rank, step):
 
 
 def train_step(case, model, x, y):
-    if case == "accumulate":
+    if case in ("accumulate", "own-buffers"):
         with model.no_sync():
             (nn.functional.cross_entropy(model(x[:4]), y[:4]) / 2).backward()
         (nn.functional.cross_entropy(model(x[4:]), y[4:]) / 2).backward()
         return
+    if case == "no-sync-differs" and macfleet.rank() == 1:
+        with model.no_sync():
+            nn.functional.cross_entropy(model(x), y).backward()
+        return
     loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    if case == "metric":
+    if case.startswith("metric"):
         macfleet.all_reduce(loss.detach().clone(), "avg", name="loss")
+    loss.backward()
 
 
 def main():
@@ -70,7 +79,10 @@ def main():
     rank, device = macfleet.rank(), macfleet.device()
     if sys.argv[3:] == ["training-thread"]:
         runtime().device.copies_from_training_thread = True
-    model = macfleet.DataParallel(make_model(case).to(device), compression="fp16" if case == "fp16" else "none")
+    wrap = {"compression": "fp16"} if case == "fp16" else \
+        {"broadcast_buffers": False, "bucket_cap_mb": 1e-4, "first_bucket_mb": 1e-4} \
+        if case in ("own-buffers", "metric-even") else {}
+    model = macfleet.DataParallel(make_model(case).to(device), **wrap)
     optimizer = make_optimizer(model)
     options = {"optimizer": optimizer}
     if case == "divide-by-training":
