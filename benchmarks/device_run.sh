@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batch of measurements on the device machine (CUDA standing in for Metal, 16 cores).
-# Usage there: bash benchmarks/device_run.sh PART   (PART: allreduce | gpu | join | train | all; tuning: slots | chunks | parts)
+# Usage there: bash benchmarks/device_run.sh PART   (PART: allreduce | gpu | join | join-cost | train | all; tuning: slots | chunks | parts)
 # For the NCCL ceiling (one process per GPU), on a 2-GPU machine: bash benchmarks/device_run.sh nccl
 # NPROCS="2 4" picks the rank counts of allreduce (8 alone fits the 10-minute limit); THREADS="4 2 1" the
 # threads per rank of train's CPU runs.
@@ -48,13 +48,23 @@ if [ "$part" = gpu ] || [ "$part" = all ]; then
   mf launch --nproc 4 --device cuda $REPO/examples/mnist/train.py --epochs 1 --train-url /tmp/mnist4
   mf launch --nproc 2 --device cuda $REPO/examples/mnist/train.py --epochs 1 --amp
 fi
-if [ "$part" = join ] || [ "$part" = gpu ] || [ "$part" = all ]; then  # model.join() on CUDA; compared here with
-  for c in uneven accumulate fp16 uneven/training-thread; do  # tests/test_data_parallel.py's join_reference
+# model.join() on CUDA, 3 ranks; benchmarks/results/2026-11-24-session27/check_join.py compares what comes back
+# with tests/test_data_parallel.py's join_reference (CASE/training-thread: device copies as on MPS)
+if [ "$part" = join ] || [ "$part" = gpu ] || [ "$part" = all ]; then
+  for c in uneven accumulate own-buffers fp16 uneven/training-thread own-buffers/training-thread; do
     mkdir -p /tmp/join/$c
     MACFLEET_SHM=$([ $c = fp16 ] && echo 0 || echo 1) \
       mf launch --nproc 3 --device cuda $REPO/tests/bin/join_cases.py ${c%/*} /tmp/join/$c $([ $c != ${c%/*} ] && echo ${c#*/})
   done
   tar -C /tmp -cf $OUT/join_cuda.tar join
+fi
+if [ "$part" = join-cost ]; then  # the same runs with every step inside join() and without (both libraries)
+  for j in "" --join; do
+    python3 $REPO/benchmarks/train_throughput.py --nprocs 2,4 --device cpu --threads-per-rank 4 --steps 40 \
+      --models cnn,large $j --json $OUT/train_cpu${j/--/_}.json
+    python3 $REPO/benchmarks/train_throughput.py --nprocs 2,4 --device cuda --steps 30 --models cnn,large $j \
+      --json $OUT/train_cuda${j/--/_}.json
+  done
 fi
 if [ "$part" = train ] || [ "$part" = all ]; then
   python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2,4 --device cpu --steps 20 --json $OUT/train_cpu.json

@@ -3,7 +3,7 @@
     python benchmarks/train_throughput.py [--nprocs 1,2,4] [--device cpu|cuda] [--models cnn,large]
                                           [--steps 20] [--threads-per-rank K] [--json FILE]
                                           [--hosts mini1:1,mini2:1 [--launch-args "..."]]
-                                          [--compression none|fp16|bf16]
+                                          [--compression none|fp16|bf16] [--join]
 
 For each N it runs one job (``macfleet launch --nproc N`` this file) whose ranks train each
 model with macfleet.DataParallel and then with torch DistributedDataParallel on gloo (NCCL with
@@ -36,6 +36,8 @@ another, so that a slow spell of a shared machine does not fall on one of them o
 ``--hosts`` runs one job across machines instead (``macfleet launch --hosts``, plus
 ``--launch-args``, e.g. ssh options); ``benchmarks/emulated_links.py --train`` uses it between
 network namespaces. ``--compression`` is DataParallel's wire compression (DDP has no equal).
+``--join`` takes every step of both libraries inside their ``join()`` blocks (one per turn,
+entered and left outside the timed steps), which cost each step a small all-reduce or two.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median_high  # sorted(xs)[len(xs) // 2], as before
@@ -104,6 +107,7 @@ class Contender:
     model: Any
     opt: Any
     wait_of: Callable[[], float] | None = None  # the last step's wait after backward (macfleet only)
+    block: Callable[[], Any] = nullcontext  # the context its steps are taken in (join() with --join)
     times: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
 
@@ -129,14 +133,16 @@ def interleaved(contenders: list[Contender], x, y, steps: int, sync, blocks: int
     alike instead of on whichever happened to run then. Three untimed steps each first
     (buffers, buckets, connections)."""
     for c in contenders:
-        for _ in range(3):
-            c.step(x, y, sync)
+        with c.block():
+            for _ in range(3):
+                c.step(x, y, sync)
     for b in range(blocks):
         for c in contenders[b % len(contenders):] + contenders[:b % len(contenders)]:
-            for _ in range(steps // blocks + (b < steps % blocks)):
-                c.times.append(c.step(x, y, sync))
-                if c.wait_of:
-                    c.waits.append(c.wait_of())
+            with c.block():
+                for _ in range(steps // blocks + (b < steps % blocks)):
+                    c.times.append(c.step(x, y, sync))
+                    if c.wait_of:
+                        c.waits.append(c.wait_of())
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -163,13 +169,14 @@ def rank_main(args: argparse.Namespace) -> None:
         mf = macfleet.DataParallel(synced(build(name)[0], macfleet.SyncBatchNorm).to(device),
                                    compression=args.compression)
         contenders = [Contender("macfleet", mf, torch.optim.SGD(mf.parameters(), lr=0.01),
-                                lambda model=mf: model.last_wait_s)]
+                                lambda model=mf: model.last_wait_s, mf.join if args.join else nullcontext)]
         ddp = None
         if name != "bn" or device.type == "cuda":  # torch's SyncBatchNorm needs a GPU
             ddp = torch.nn.parallel.DistributedDataParallel(
                 synced(build(name)[0], torch.nn.SyncBatchNorm).to(device),
                 device_ids=[device.index] if device.type == "cuda" else None)
-            contenders.append(Contender(f"ddp-{args.ddp_backend}", ddp, torch.optim.SGD(ddp.parameters(), lr=0.01)))
+            contenders.append(Contender(f"ddp-{args.ddp_backend}", ddp, torch.optim.SGD(ddp.parameters(), lr=0.01),
+                                        block=ddp.join if args.join else nullcontext))
         contenders.append(Contender("local", bare, torch.optim.SGD(bare.parameters(), lr=0.01)))
         interleaved(contenders, x, y, args.steps, sync)
         for c in contenders:
@@ -198,7 +205,7 @@ def orchestrate(args: argparse.Namespace) -> None:
                        "--device", args.device, os.path.abspath(__file__), "--rank-mode", "--out", str(out),
                        "--models", args.models, "--steps", str(args.steps), "--device", args.device,
                        "--ddp-backend", args.ddp_backend, "--threads-per-rank", str(args.threads_per_rank),
-                       "--compression", args.compression]
+                       "--compression", args.compression, *(["--join"] if args.join else [])]
             subprocess.run(command, check=True)
             rows += json.loads(out.read_text())
     base = {(r["model"], r["library"]): r["samples_s"] for r in rows if r["world"] == 1}
@@ -211,6 +218,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     threads = f", {args.threads_per_rank} threads per rank" if args.threads_per_rank else ""
     where = f", hosts {args.hosts}" if args.hosts else ""
     wire = f", DataParallel compression {args.compression}" if args.compression != "none" else ""
+    wire += ", every step inside join()" if args.join else ""
     print(f"training throughput, device {args.device}{threads}{where}{wire} (step time is the slowest rank's median)")
     print(f"{'model':<6} {'N':>2} {'library':<10} {'step ms':>9} {'samples/s':>10} {'wait share':>10} "
           f"{'scaling':>8} {'of bare':>8} {'vs DDP':>7}")
@@ -240,6 +248,7 @@ def main() -> None:
                         "instead of --nprocs")
     parser.add_argument("--launch-args", default="", help="more options for macfleet launch (with --hosts)")
     parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"])
+    parser.add_argument("--join", action="store_true", help="steps inside DataParallel.join() and DDP.join()")
     parser.add_argument("--json", default=None)
     parser.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
