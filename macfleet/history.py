@@ -65,4 +65,4 @@ class History:
             source = linecache.getline(path, line).strip() if path else ""
             at = f" at {where(path, line)}" + (f": {source[:80]}" if source else "") if path else ""
             out.append(f"#{op} {what}{' [failed here]' if op == self.failed_in else ''}{at}")
-        return out + [self.note] if self.note else out
+        return [*out, self.note] if self.note else out

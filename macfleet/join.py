@@ -14,7 +14,8 @@ Each training forward inside the block first makes one small all-reduce, a ``Rou
 rank says whether it still trains, whether this step averages gradients (``no_sync`` skips
 it) and whether its model changed; a rank past its last batch says no to all three. So every
 rank knows, at the same collective, which ranks train, what their step will exchange, and
-which of them the buffers come from (rank 0 may be the one that ran out).
+which of them the buffers come from (rank 0 may be the one that ran out). Where forward needs
+none of that, the round runs on the bucket thread and forward goes on (``Join.agree``).
 
 What a rank out of batches cannot shadow is refused, at the same round on every rank: a model
 whose parameters changed after a rank joined (its buckets would differ), and SyncBatchNorm
@@ -125,7 +126,8 @@ class Join:
             said[-2], said[-1] = float(syncing), float(changed)
         with torch.no_grad(), rt.on_behalf_of("DataParallel (join)"):
             rt.all_reduce(said, "sum", name="join")
-        round_ = Round(tuple(r for r in range(self.world) if said[r] > 0), int(said[-2]), int(said[-1]))
+        counts = said.tolist()
+        round_ = Round(tuple(r for r in range(self.world) if counts[r] > 0), int(counts[-2]), int(counts[-1]))
         if not round_.training:
             return round_
         self.last = round_.training
