@@ -209,7 +209,7 @@ def report(hosts: list[Host], found: list[Probe], subnet: ipaddress.IPv4Network,
     if result.order is None:
         alone = [names[i] for i in range(len(hosts)) if not any(i in (c.a, c.b) for c in result.cables)]
         print("these cables close no ring through every Mac" +
-              (f": {', '.join(alone)} has no cable to any of the others" if alone else
+              (f": {', '.join(alone)} {'has' if len(alone) == 1 else 'have'} no cable to any of the others" if alone else
                ": each Mac needs a cable to the next, and the last to the first"), file=sys.stderr)
         return 1
     for i, host in enumerate(hosts):

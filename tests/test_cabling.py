@@ -114,6 +114,9 @@ def test_the_report_writes_the_hostfile_or_says_why_it_cannot(tmp_path, capsys) 
     chain = {"A": {"1": ("en2", "B1")}, "B": {"1": ("en2", "A1"), "2": ("en3", "C1")}, "C": {"1": ("en2", "B2")}}
     assert report(hosts, probes(chain), SUBNET, str(tmp_path / "chain.txt")) == 1
     assert "close no ring" in capsys.readouterr().err and not (tmp_path / "chain.txt").exists()
+    pair = {"A": {"1": ("en2", "B1")}, "B": {"1": ("en2", "A1")}, "C": {}, "D": {}}  # C and D not cabled at all
+    assert report([Host(name, 1) for name in pair], probes(pair), SUBNET, None) == 1
+    assert "C, D have no cable to any of the others" in capsys.readouterr().err
     office = "en7: flags=8863<UP,BROADCAST,RUNNING> mtu 1500\n\tinet 10.78.4.9 netmask 0xffffff00 broadcast 10.78.4.255\n"
     assert report(hosts, probes(triangle, office), SUBNET, None) == 1  # a LAN on 10.78.4.0/24 already
     assert "already uses 10.78.4.9/24 on en7" in capsys.readouterr().err
