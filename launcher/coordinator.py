@@ -101,6 +101,7 @@ class Coordinator:
         self._busy_said = False  # whether this stall's suspects were said to be working
         self.last_ops: dict[int, int] = {}  # rank -> the last collective it drew, sent when it shut down
         self.waits: dict[int, tuple[float, float]] = {}  # rank -> (seconds it waited on the others, seconds it ran)
+        self.stood_by: dict[int, float] = {}  # rank -> seconds it stood by, out of batches, in DataParallel.join()
         self.speeds: dict[int, float] = {}  # rank -> its share of a step's samples per second of its work in one
         self._seq = 0
         self._next_beat = 0.0
@@ -438,6 +439,9 @@ class Coordinator:
         waited, ran = msg.get("waited_s"), msg.get("ran_s")
         if isinstance(waited, (int, float)) and isinstance(ran, (int, float)) and waited >= 0 and ran > 0:
             self.waits[rank] = (float(waited), float(ran))
+        stood = msg.get("stood_by_s")
+        if isinstance(stood, (int, float)) and stood > 0:
+            self.stood_by[rank] = float(stood)
         step_s, share = msg.get("step_s"), msg.get("share")
         if isinstance(step_s, (int, float)) and isinstance(share, (int, float)) and step_s > 0 and 0 < share <= 1:
             self.speeds[rank] = float(share) / float(step_s)

@@ -27,7 +27,7 @@ from macfleet.launcher.hosts import Host
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
 from macfleet.lines import WholeLines, pieces
 from macfleet.netaddr import CABLE_ADVICE, over_wifi, route_source
-from macfleet.launcher.report import failure_report, facts_table, pace_report, versions_differ
+from macfleet.launcher.report import failure_report, facts_table, pace_report, stood_by_report, versions_differ
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.protocol import AgentSpec
 
@@ -436,6 +436,8 @@ def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
         if outcome.code == 0:  # a training job's, not bench's or doctor's: their own tables say it
             coord = outcome.coordinator
             for line in pace_report(coord.waits, coord.hosts, job.world_size, coord.speeds):
+                log(line)
+            for line in stood_by_report(coord.stood_by, coord.waits):
                 log(line)
         if outcome.code == 0 or outcome.interrupted or not outcome.coordinator.started or attempt == max_restarts:
             if cfg.log_dir is not None and outcome.coordinator.started:

@@ -118,6 +118,25 @@ COMMUNICATION_BOUND = 0.30  # every rank waiting this much of its time: communic
 LISTED_RANKS = 8  # more ranks than this are summed up (least, median, most) rather than listed
 
 
+STOOD_BY_SHARE = 0.05  # of a rank's time: below this, one batch more or less on some ranks, not worth a line
+
+
+def stood_by_report(stood_by: dict[int, float], waits: dict[int, tuple[float, float]]) -> list[str]:
+    """After a job in which ranks ran out of batches inside ``DataParallel.join()``: the share
+    of its time each stood by while the others trained on. Its device sat idle all that time,
+    which nothing else says (the pace line leaves it out). Nothing below ``STOOD_BY_SHARE``."""
+    shares = {r: s / (s + waits[r][1]) for r, s in stood_by.items() if r in waits}
+    idle = sorted(r for r, share in shares.items() if share >= STOOD_BY_SHARE)
+    if not idle:
+        return []
+    listed = ", ".join(f"rank {r} {shares[r]:.0%}" for r in idle[:LISTED_RANKS]) + \
+        (f" and {len(idle) - LISTED_RANKS} more ranks" if len(idle) > LISTED_RANKS else "")
+    one = len(idle) == 1
+    return [f"{'a rank' if one else 'ranks'} out of batches stood by inside join() while the others trained: "
+            f"{listed} of {'its' if one else 'their'} time; the same number of batches on every rank "
+            f"(macfleet.DistributedSampler) keeps every device busy"]
+
+
 def pace_report(waits: dict[int, tuple[float, float]], hosts: dict[int, str], world_size: int,
                 speeds: dict[int, float] | None = None) -> list[str]:
     """After a job that finished: what share of its time each rank spent waiting on the others

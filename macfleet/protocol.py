@@ -19,7 +19,8 @@ Flow of one job::
                                                                        close the torch.distributed store)
     agent  -> coordinator   done     {}                                (all its workers have exited)
     worker -> coordinator   bye      {last_op, waited_s, ran_s,        (shutdown: stop watching my beats;
-                                      step_s, share}                   DataParallel's work per step, share)
+                                      step_s, share, stood_by_s}       DataParallel's work per step, share,
+                                                                       time out of batches in join())
     worker -> coordinator   report   {rank, data}                      (measurements, for macfleet doctor)
     coord  -> agent         beat     {}                                (every HEARTBEAT_S: the launcher lives)
     coord  -> agent         stdin    {data, eof}                       (the launcher's stdin, for every rank)

@@ -26,7 +26,7 @@ from macfleet import ConfigError, hostops, netaddr, wire
 from macfleet.backends import MpsDevice, PolledEvent, check_tensor
 from macfleet.env import WorkerEnv
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
-from macfleet.launcher.report import pace_report
+from macfleet.launcher.report import pace_report, stood_by_report
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.lines import LONGEST, pieces
 from macfleet.parallel import bucket_layout
@@ -472,6 +472,18 @@ def test_the_stdin_relay_reads_no_terminal_it_is_not_in_the_foreground_of() -> N
 
 
 # -- the end-of-job pace line ------------------------------------------------------------------
+def test_ranks_that_stood_by_inside_join_are_named_with_their_share_of_the_job() -> None:
+    waits = {0: (1.0, 30.0), 1: (2.0, 100.0), 2: (1.0, 97.0), 3: (1.0, 50.0)}
+    # rank 0 stood by 70 s of its 100, rank 2 3 s (3%: one batch more or less), rank 3 50 of 100
+    line, = stood_by_report({0: 70.0, 2: 3.0, 3: 50.0}, waits)
+    assert line.startswith("ranks out of batches stood by inside join() while the others trained: "
+                           "rank 0 70%, rank 3 50% of their time;"), line
+    line, = stood_by_report({0: 70.0}, waits)
+    assert line.startswith("a rank out of batches stood by inside join() while the others trained: rank 0 70% of its time")
+    assert stood_by_report({2: 3.0}, waits) == []  # 3%: not worth a line
+    assert stood_by_report({0: 70.0}, {1: (2.0, 100.0)}) == []  # rank 0 never said how long it ran
+
+
 def test_the_pace_line_names_the_ranks_the_others_wait_for() -> None:
     hosts = {0: "studio", 1: "studio", 2: "air", 3: "air"}
     waits = {0: (41.0, 100.0), 1: (40.0, 100.0), 2: (6.0, 100.0), 3: (5.0, 100.0)}
