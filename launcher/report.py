@@ -57,11 +57,16 @@ def _about_collectives(root: Failure) -> bool:
 def _join_hint(exits: dict[int, WorkerExit]) -> list[str]:
     """What it means when a rank failed while it stood by inside ``join()``: it had run out of
     batches and shadows only DataParallel's collectives, and the others made one of their own."""
-    if not any(STOOD_BY in str((e.error or {}).get("collectives") or "") for e in exits.values()):
+    if not any(STOOD_BY in _collectives_of(e) for e in exits.values()):
         return []
     return ["a rank that has run out of batches inside model.join() takes part only in DataParallel's own collectives "
             "(its round, the buffers, the gradients): make the script's other collectives (a metric, a checkpoint) "
             "after the join() block, or give every rank the same number of batches"]
+
+
+def _collectives_of(e: WorkerExit) -> str:
+    """The rank's last collectives, as its error report gave them ("" if it gave none)."""
+    return str((e.error or {}).get("collectives") or "")
 
 
 def collectives_report(exits: dict[int, WorkerExit]) -> list[str]:
@@ -69,7 +74,7 @@ def collectives_report(exits: dict[int, WorkerExit]) -> list[str]:
     where the script's ranks went different ways (a metric only rank 0 reduces, say)."""
     groups: dict[str, list[int]] = {}
     for rank, e in sorted(exits.items()):
-        made = str((e.error or {}).get("collectives") or "")
+        made = _collectives_of(e)
         if made:
             groups.setdefault(made, []).append(rank)
     if not groups:

@@ -120,9 +120,9 @@ def plan(ports: list[list[Port]], subnet: ipaddress.IPv4Network) -> Plan:
         first, second = list(block.hosts())
         cables.append(Cable(a, a_iface, ipaddress.IPv4Interface(f"{first}/30"),
                             b, b_iface, ipaddress.IPv4Interface(f"{second}/30")))
-    n = len(ports)
-    linked = [[i != j and any({c.a, c.b} == {i, j} for c in cables) for j in range(n)] for i in range(n)]
-    return Plan(cables, cabling.ring_through(linked))
+    ends = {frozenset({c.a, c.b}) for c in cables}
+    return Plan(cables, cabling.ring_through([[frozenset({i, j}) in ends for j in range(len(ports))]
+                                              for i in range(len(ports))]))
 
 
 def commands(host: int, cables: list[Cable]) -> list[str]:

@@ -143,9 +143,9 @@ class Join:
             raise ConfigError(
                 f"the model's parameters changed (frozen, unfrozen or added) inside join() after rank "
                 f"{gone[0]} ran out of inputs, which cannot make the same change: change the model outside join()")
-        weights = self.model._weights
-        self.model._weigh(1.0 if self.divide_by_initial_world_size else
-                          sum(weights) / sum(weights[r] for r in round_.training))
+        if not self.divide_by_initial_world_size:  # the average over the ranks still training
+            weights = self.model._weights
+            self.model._weigh(sum(weights) / sum(weights[r] for r in round_.training))
         return round_
 
     def _shadow(self) -> None:

@@ -286,9 +286,11 @@ class DataParallel(nn.Module):
             if self.broadcast_buffers:
                 with rt.on_behalf_of("DataParallel (buffers)"):
                     _broadcast_flat(self._known_buffers, "buffers", source)
-            if syncing:  # the host buffers are zeroed: their last copies back to the device must be over
-                self.runtime.device.record_event().synchronize()  # our own work only, never a peer's
-            for bucket in self.buckets if syncing else []:  # in index order, as the training ranks release them
+            if not syncing:
+                return
+            # the host buffers are zeroed: their last copies back to the device must be over
+            self.runtime.device.record_event().synchronize()  # our own work only, never a peer's
+            for bucket in self.buckets:  # in index order, as the training ranks release them
                 _exchange(bucket, bucket.staged().zero_(), self.compression)
 
     def _broadcast_state(self, source: int) -> None:
