@@ -111,7 +111,8 @@ class DataParallel(nn.Module):
         self._trainable: list[bool] = []
         self._known_buffers: list[torch.Tensor] = []
         self._seen = -1
-        self._queued = False
+        self._queued = False  # a gradient of this backward has come: the step's exchange is under way
+        self._finish_queued = False  # the end-of-backward callback is queued on a backward under way
         self._released = 0  # buckets released for averaging in this step: always a prefix, in index order
         self._comm: _CommThread | None = None
         if self.runtime.world_size == 1:
@@ -209,9 +210,40 @@ class DataParallel(nn.Module):
         # rank 0 may run one alone (validation under torch.no_grad() with the model still in
         # training mode; DDP gates its reducer on the same). Its buffers come from rank 0 at the
         # next training forward, the one that counts.
-        if self.training and torch.is_grad_enabled():
-            eagerly(self._before_training_forward)()
-        return self.module(*args, **kwargs)
+        if not (self.training and torch.is_grad_enabled()):
+            return self.module(*args, **kwargs)
+        eagerly(self._before_training_forward)()
+        return eagerly(self._watch_outputs)(self.module(*args, **kwargs))
+
+    def _watch_outputs(self, output: Any) -> Any:
+        """Hook the outputs, so that the end-of-backward callback is queued on the backward that
+        runs from the loss. Queued from the first parameter's hook alone, it may land on a nested
+        backward: a reentrant checkpoint (``torch.utils.checkpoint(use_reentrant=True)``, Hugging
+        Face's ``gradient_checkpointing_enable()``) runs its segment's backward as a backward of
+        its own, which ends before the layers under the segment have their gradients, and the
+        step would end there without them. (DDP's ``_DDPSink`` on its outputs does the same.)"""
+        if self._hooks:
+            for t in _tensors(output):
+                if t.requires_grad:
+                    t.register_hook(self._on_output_grad)
+        return output
+
+    def _on_output_grad(self, grad: torch.Tensor) -> None:
+        if self.require_backward_grad_sync:
+            self._queue_finish()
+
+    def _queue_finish(self) -> None:
+        """Queue ``_finish_backward`` on the backward under way, once. A backward that reaches
+        the outputs but no parameter (``torch.autograd.grad`` of the output by the input, for a
+        gradient penalty) finds nothing to finish."""
+        if not self._finish_queued:
+            self._finish_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+
+    def _backward_ended(self) -> None:
+        self._finish_queued = False
+        if self._queued:
+            self._finish_backward()
 
     def _before_training_forward(self) -> None:
         if self._queued:
@@ -222,6 +254,7 @@ class DataParallel(nn.Module):
                 "the previous backward raised before DataParallel had averaged its gradients, so this "
                 "rank is out of step with the others and cannot train on; let that exception end the "
                 "process (macfleet launch --max-restarts N restarts the job from its last checkpoint)")
+        self._finish_queued = False  # autograd dropped it too, if a backward that averaged nothing raised
         if self._replaced_by is not None:
             raise ConfigError(
                 f"this DataParallel's parameters were wrapped again by a newer DataParallel (of "
@@ -318,7 +351,7 @@ class DataParallel(nn.Module):
                 bucket.pending, bucket.done = {id(q) for q in bucket.params}, False
             if self._comm is None and len(self.buckets) > 1:
                 self._comm = _CommThread.of(self.runtime)
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+            self._queue_finish()
         bucket, k = self._where[id(p)]
         self._adopt(bucket, k)
         bucket.pending.discard(id(p))
@@ -587,6 +620,19 @@ def _exchange(bucket: Bucket, staged: torch.Tensor, compression: str) -> None:
 
 # torch 2.3 and later; torch.compile was rare before, and Dynamo folds this call while it traces
 _is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
+def _tensors(output: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a module's output: a tensor, or tuples, lists and dicts of them (Hugging
+    Face's ``ModelOutput`` is a dict)."""
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, (tuple, list)):
+        for item in output:
+            yield from _tensors(item)
+    elif isinstance(output, dict):
+        for item in output.values():
+            yield from _tensors(item)
 
 
 def eagerly(fn: Callable[..., T]) -> Callable[..., T]:

@@ -25,7 +25,11 @@ DataParallel, as DDP's users write it, compiled once for every step although the
 new loss module at each; Dynamo and AOTAutograd, no C compiler), ``sync-bn`` (two BatchNorms,
 converted with ``nn.SyncBatchNorm.convert_sync_batchnorm`` as for DDP: against the oracle's
 plain BatchNorms on the whole batch, running statistics included; one bucket per module, so
-their backward collectives run while buckets are in flight).
+their backward collectives run while buckets are in flight), ``checkpoint`` (the last layers in a
+reentrant activation checkpoint, ``use_reentrant=True`` as Hugging Face's gradient checkpointing
+uses: their backward is a backward of its own, which ends before the first layer's gradient
+comes), ``input-gradient`` (a gradient penalty: ``torch.autograd.grad`` of the output by the
+input, a backward that reaches the model's output but none of its parameters' ``.grad``).
 Rank 0 saves its parameters to OUT.
 """
 
@@ -34,6 +38,7 @@ import sys
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import macfleet
 from macfleet.runtime import runtime
@@ -145,7 +150,32 @@ class RaisesMidBackward(nn.Module):
         return self.net[2:](RaiseInBackward.apply(self.net[:2](x)))
 
 
+class Checkpointed(nn.Module):
+    """The oracle's model with its last layers recomputed in backward (a reentrant checkpoint),
+    so that backward's first gradients come in the checkpoint's own backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = oracle.make_model()
+
+    def forward(self, x):
+        return checkpoint(self.net[2:], self.net[:2](x), use_reentrant=True)
+
+
+def loss(case, model, x, y):
+    """The step's loss on the batch ``x, y``; ``input-gradient`` adds a penalty on the gradient
+    of the output by the input, per sample (so it averages over shards as over the whole batch)."""
+    if case != "input-gradient":
+        return nn.functional.cross_entropy(model(x), y)
+    x = x.clone().requires_grad_(True)
+    out = model(x)
+    grad, = torch.autograd.grad(out.sum(), x, create_graph=True)
+    return nn.functional.cross_entropy(out, y) + 0.1 * grad.pow(2).sum(1).mean()
+
+
 def make(case):
+    if case == "checkpoint":
+        return Checkpointed()
     if case == "backward-raises":
         return RaisesMidBackward()
     if case.startswith("two-models"):
@@ -275,7 +305,7 @@ def main():
         elif case == "compiled":  # a loss module made at every step, as scripts do: registers a buffer
             nn.CrossEntropyLoss()(model(xs), ys).backward()
         else:
-            nn.functional.cross_entropy(model(xs), ys).backward()
+            loss(case, model, xs, ys).backward()
         opt.step()
         if case == "validate-alone" and rank == 0:
             with torch.no_grad():
