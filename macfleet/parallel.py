@@ -267,8 +267,13 @@ class DataParallel(nn.Module):
             self._lay_out("DataParallel (parameters changed)")
         self._check_placement()
         if self.broadcast_buffers and self.runtime.world_size > 1:
+            # Written past autograd's version counters, as DDP's broadcast is: a second forward
+            # before backward (a siamese or contrastive loss on two views) would otherwise make the
+            # first one's backward refuse every buffer it saved (a mask it multiplied by; the CPU's
+            # BatchNorm saves its running statistics) as "modified by an inplace operation". What
+            # changes in them is rank 0's running statistics, which no training backward reads.
             with torch.no_grad(), rt.on_behalf_of("DataParallel (buffers)"):
-                _broadcast_flat(self._known_buffers, "buffers", source)
+                _broadcast_flat([b.data for b in self._known_buffers], "buffers", source)
 
     def _check_placement(self) -> None:
         """The buckets were laid out for the parameters' device and dtype at construction; a

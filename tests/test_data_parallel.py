@@ -40,7 +40,8 @@ def reference(case: str) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("case", ["buckets", "single", "order", "no_sync", "unused-allowed", "fp16", "bf16",
                                   "zero-in-place", "two-models", "two-models-one-bucket", "sparse", "shares",
-                                  "fine-tune", "rewrap", "compiled", "sync-bn", "checkpoint", "input-gradient"])
+                                  "fine-tune", "rewrap", "compiled", "sync-bn", "checkpoint", "input-gradient",
+                                  "two-forwards"])
 def test_data_parallel_matches_the_whole_batch(tmp_path, case: str) -> None:
     out = tmp_path / "params.pt"
     # compression casts what crosses the network; ranks of one host share float32 memory.

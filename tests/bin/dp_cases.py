@@ -29,7 +29,10 @@ their backward collectives run while buckets are in flight), ``checkpoint`` (the
 reentrant activation checkpoint, ``use_reentrant=True`` as Hugging Face's gradient checkpointing
 uses: their backward is a backward of its own, which ends before the first layer's gradient
 comes), ``input-gradient`` (a gradient penalty: ``torch.autograd.grad`` of the output by the
-input, a backward that reaches the model's output but none of its parameters' ``.grad``).
+input, a backward that reaches the model's output but none of its parameters' ``.grad``),
+``two-forwards`` (two forwards, of two views of the batch, before one backward, as a siamese or
+contrastive loss makes; the model multiplies by a buffer, which the first forward's backward
+needs as it was: the second forward's broadcast of the buffers must not count as changing it).
 Rank 0 saves its parameters to OUT.
 """
 
@@ -162,9 +165,24 @@ class Checkpointed(nn.Module):
         return checkpoint(self.net[2:], self.net[:2](x), use_reentrant=True)
 
 
+class Masked(nn.Module):
+    """The oracle's model with its first layer's output multiplied by a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = oracle.make_model()
+        self.register_buffer("mask", (torch.arange(32) % 4 != 0).float())
+
+    def forward(self, x):
+        return self.net[1:](self.net[0](x) * self.mask)
+
+
 def loss(case, model, x, y):
     """The step's loss on the batch ``x, y``; ``input-gradient`` adds a penalty on the gradient
-    of the output by the input, per sample (so it averages over shards as over the whole batch)."""
+    of the output by the input, per sample (so it averages over shards as over the whole batch);
+    ``two-forwards`` is the mean of the losses on the batch and on its negative."""
+    if case == "two-forwards":
+        return (nn.functional.cross_entropy(model(x), y) + nn.functional.cross_entropy(model(-x), y)) / 2
     if case != "input-gradient":
         return nn.functional.cross_entropy(model(x), y)
     x = x.clone().requires_grad_(True)
@@ -176,6 +194,8 @@ def loss(case, model, x, y):
 def make(case):
     if case == "checkpoint":
         return Checkpointed()
+    if case == "two-forwards":
+        return Masked()
     if case == "backward-raises":
         return RaisesMidBackward()
     if case.startswith("two-models"):
