@@ -120,6 +120,9 @@ def facts_table(names: list[str], facts: list[dict]) -> str:
 # ones'; a 1-epoch MNIST run of 4 ranks sharing one GPU spread 1-16% on its own (device machine).
 PACE_SPREAD = 0.20
 COMMUNICATION_BOUND = 0.30  # every rank waiting this much of its time: communication sets the pace
+# A job whose ranks all ran less than this (a smoke test, a script that only checks the ring) has
+# waited a few milliseconds at most, which is noise, not pace: 3 ms of a 5 ms job read as "60%".
+PACE_MIN_RUN_S = 1.0
 LISTED_RANKS = 8  # more ranks than this are summed up (least, median, most) rather than listed
 
 
@@ -149,8 +152,8 @@ def pace_report(waits: dict[int, tuple[float, float]], hosts: dict[int, str], wo
     every other rank waits for it at each exchange (Horovod's timeline shows this; the launcher
     can say it in a line), and with every rank's ``speeds`` (DataParallel's measure: its share
     of a step per second of work) it says which shares would even them out. Nothing when a rank
-    did not report or the job was one rank."""
-    if world_size < 2 or len(waits) < world_size:
+    did not report, the job was one rank, or it was over too soon to say (``PACE_MIN_RUN_S``)."""
+    if world_size < 2 or len(waits) < world_size or max(ran for _, ran in waits.values()) < PACE_MIN_RUN_S:
         return []
     share = {r: waited / ran for r, (waited, ran) in waits.items()}
     multi_host = len(set(hosts.values())) > 1

@@ -527,6 +527,9 @@ def test_the_pace_line_says_when_communication_itself_is_the_bottleneck_and_keep
     assert len(pace_report(dict.fromkeys(range(4), (5.0, 100.0)), dict.fromkeys(range(4), "a"), 4)) == 1
     assert pace_report({0: (1.0, 2.0)}, {0: "a", 1: "a"}, 2) == []  # rank 1 never said goodbye
     assert pace_report({0: (1.0, 2.0)}, {0: "a"}, 1) == []
+    # a job of a few milliseconds (one barrier): 3 ms of waiting in 5 ms is noise, not a pace
+    assert pace_report({0: (0.003, 0.005), 1: (0.0001, 0.005)}, {0: "a", 1: "a"}, 2) == []
+    assert len(pace_report({0: (0.6, 1.0), 1: (0.01, 1.0)}, {0: "a", 1: "a"}, 2)) == 2  # a second: said
 
 
 def test_the_pace_line_sums_up_a_large_job() -> None:
