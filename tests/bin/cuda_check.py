@@ -2,7 +2,8 @@
 
 Checks on every rank, printing one line of JSON: collectives on CUDA tensors (exact), the
 DataParallel oracle on CUDA against a CPU run of the whole batch (one model, two in one
-backward, SyncBatchNorm, a model fine-tuned with layers unfrozen and a new head after wrapping, and
+backward, SyncBatchNorm, a reentrant checkpoint, two forwards before one backward, a gradient
+penalty, a model fine-tuned with layers unfrozen and a new head after wrapping, and
 ``torch.compile`` of the wrapper with inductor), memory reports and the cache given back, the
 memory fraction, and ``PolledEvent`` (how MPS events are waited for) on a real device event.
 The oracle also runs with every device copy issued from the thread that runs backward, as on
@@ -127,6 +128,28 @@ def sync_bn_max_diff() -> float:
 
 out["oracle_max_diff_sync_batch_norm"] = sync_bn_max_diff()
 gc.collect()
+# what DataParallel's end of backward must find on any device: a reentrant checkpoint over the
+# last layers (the step's first gradients come in a nested backward), two forwards before one
+# backward past a buffer the first one saved, and a gradient penalty's autograd.grad
+OWN_LOSS_CASES = ("checkpoint", "two-forwards", "input-gradient")
+
+
+def case_max_diff(case: str) -> float:
+    """``dp_cases`` CASE on the GPU against the same on the CPU on the whole batch."""
+    want, net = dp_cases.make(case), dp_cases.make(case).to(dev)
+    model = macfleet.DataParallel(net, **tiny)
+    for module, run, inputs, targets in ((want, want, x, y), (net, model, xs, ys)):
+        opt = oracle.make_optimizer(module)
+        for _ in range(6):
+            opt.zero_grad()
+            dp_cases.loss(case, run, inputs, targets).backward()
+            opt.step()
+    return max_diff(net, want)
+
+
+for case in OWN_LOSS_CASES:
+    out[f"oracle_max_diff_{case}"] = case_max_diff(case)
+gc.collect()
 # MPS's way (Device.copies_from_training_thread): every copy to and from the host buffers
 # issued by the thread that runs backward, none by the bucket thread; many buckets, then two
 # models sharing the bucket thread
@@ -138,6 +161,8 @@ out["oracle_max_diff_copies_from_training_thread"] = max_diff(model.module, ref)
 del model
 out["oracle_max_diff_two_models_copies_from_training_thread"] = two_models_max_diff()
 out["oracle_max_diff_sync_batch_norm_copies_from_training_thread"] = sync_bn_max_diff()
+for case in OWN_LOSS_CASES:
+    out[f"oracle_max_diff_{case}_copies_from_training_thread"] = case_max_diff(case)
 device_impl.copies_from_training_thread = False
 gc.collect()
 # fine-tuning: a layer unfrozen, another frozen and a new head given after wrapping; the
