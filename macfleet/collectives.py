@@ -181,7 +181,7 @@ class Collectives:
         data = _outside_autograd(tensor)
         if not 0 <= src < self.world:
             raise ConfigError(f"broadcast src={src} is not a rank of this job (world size {self.world})")
-        with self._collective("broadcast", tensor.numel() * tensor.element_size(), tensor) as op_id:
+        with self._collective("broadcast", tensor.numel() * tensor.element_size(), tensor, root=src) as op_id:
             if tensor.numel() == 0:
                 return tensor
             work, raw = self._host.get("broadcast", tensor.numel(), tensor.dtype)
@@ -305,6 +305,15 @@ class Collectives:
                 ch.recv_into(piece)
             if me != last:
                 ch.send(piece, meta)
+        # The last member answers the root with an empty message. Otherwise a rank that takes
+        # itself for the root only sends, and ranks that disagree on the root (each passing its
+        # own rank) would each keep its own tensor with no error: the answer's header is checked
+        # against the root's, as every piece's is.
+        if me == last and me != root:
+            ch.send(b"", meta)
+        if me == root and me != last:
+            ch.recv_header(0, meta)
+            ch.recv_frame()
 
     def _reduce_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
                    meta: dict, wire: torch.dtype | None = None) -> None:
@@ -537,7 +546,8 @@ class Collectives:
             self._thread.background = False
 
     @contextmanager
-    def _collective(self, kind: str, nbytes: int, tensor: torch.Tensor, reduce_op: str = "") -> Iterator[int]:
+    def _collective(self, kind: str, nbytes: int, tensor: torch.Tensor, reduce_op: str = "",
+                    root: int = -1) -> Iterator[int]:
         """One collective at a time, in issue order; what we are in is visible to the heartbeat
         (the coordinator's stall report names who waits on whom) and to this host's other ranks
         (``LocalGroup.announce``: ranks in different collectives fail instead of mixing bytes).
@@ -549,7 +559,8 @@ class Collectives:
             with self._lock, hostops.threads_for(nbytes, self.inline_bytes):
                 op_id = self.next_op()
                 caller = self._by = self.caller
-                signature, site = Signature(op_id, kind, tensor.numel(), tensor.dtype, reduce_op, caller), call_site()
+                signature = Signature(op_id, kind, tensor.numel(), tensor.dtype, reduce_op, caller, root)
+                site = call_site()
                 self.history.add(op_id, signature, site)
                 if self.local is not None:
                     self.local.announce(signature)

@@ -61,6 +61,7 @@ class Signature:
     dtype: torch.dtype
     reduce_op: str = ""  # one of REDUCE_OPS
     caller: str = ""  # one of CALLERS: what in macfleet issued it ("" for the script itself)
+    root: int = -1  # a broadcast's source rank (below 2**15); -1 for the other kinds
 
     KINDS = ("all_reduce", "broadcast", "all_gather", "shared_tensor")
     REDUCE_OPS = ("", "sum", "avg", "max", "min")
@@ -71,18 +72,20 @@ class Signature:
 
     def words(self) -> tuple[int, int, int]:
         """(OP, WHAT, ELEMENTS) of a control line."""
-        what = (self.CALLERS.index(self.caller) << 40) | (self.KINDS.index(self.kind) << 32) | \
-            (self.DTYPES.index(self.dtype) << 16) | self.REDUCE_OPS.index(self.reduce_op)
+        what = ((self.root + 1) << 48) | (self.CALLERS.index(self.caller) << 40) | \
+            (self.KINDS.index(self.kind) << 32) | (self.DTYPES.index(self.dtype) << 16) | \
+            self.REDUCE_OPS.index(self.reduce_op)
         return self.op, what, self.numel
 
     @classmethod
     def from_words(cls, op: int, what: int, numel: int) -> Signature:
         return cls(op, cls.KINDS[(what >> 32) & 0xFF], numel, cls.DTYPES[(what >> 16) & 0xFFFF],
-                   cls.REDUCE_OPS[what & 0xFFFF], cls.CALLERS[what >> 40])
+                   cls.REDUCE_OPS[what & 0xFFFF], cls.CALLERS[(what >> 40) & 0xFF], (what >> 48) - 1)
 
     def __str__(self) -> str:
         what = f"{self.kind} of {self.numel} {str(self.dtype).removeprefix('torch.')}"
         what = f"{what} ({self.reduce_op})" if self.reduce_op else what
+        what = f"{what} from rank {self.root}" if self.root >= 0 else what
         return f"{what}, from {self.caller}" if self.caller else what
 
 

@@ -142,8 +142,9 @@ mismatch = {"numel": lambda: macfleet.all_reduce(torch.ones(9)),
             "kind": lambda: macfleet.all_gather(torch.ones(8)),
             "save": lambda: macfleet.checkpoint.save("/nonexistent/never-written.pt", torch.nn.Linear(2, 2)),
             "gather": lambda: macfleet.all_gather(torch.ones(9)),
-            "host-only": lambda: macfleet.host_tensor(8, torch.float32) + macfleet.all_reduce(torch.ones(8))}
-agreed = {"gather": lambda: macfleet.all_gather(torch.ones(8))}.get(mode, lambda: macfleet.all_reduce(torch.ones(8)))
+            "host-only": lambda: macfleet.host_tensor(8, torch.float32) + macfleet.all_reduce(torch.ones(8)),
+            "root": lambda: macfleet.broadcast(torch.ones(8) * rank, rank)}  # each takes itself for the source
+agreed = {"gather": lambda: macfleet.all_gather(torch.ones(8)), "root": lambda: macfleet.broadcast(torch.ones(8) * rank, 0)}.get(mode, lambda: macfleet.all_reduce(torch.ones(8)))
 if mode in mismatch:
     result = mismatch[mode]() if rank >= fail_rank else agreed()
     print(f"returned {result.tolist()}", flush=True)  # what the test must never see
