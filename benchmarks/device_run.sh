@@ -51,11 +51,10 @@ fi
 # model.join() on CUDA, 3 ranks; benchmarks/results/2026-11-24-session27/check_join.py compares what comes back
 # with tests/test_data_parallel.py's join_reference (CASE/training-thread: device copies as on MPS)
 if [ "$part" = join ] || [ "$part" = gpu ] || [ "$part" = all ]; then
-  for c in uneven accumulate own-buffers fp16 uneven/training-thread own-buffers/training-thread; do
-    mkdir -p /tmp/join/$c
-    MACFLEET_SHM=$([ $c = fp16 ] && echo 0 || echo 1) \
-      mf launch --nproc 3 --device cuda $REPO/tests/bin/join_cases.py ${c%/*} /tmp/join/$c $([ $c != ${c%/*} ] && echo ${c#*/})
-  done
+  rm -rf /tmp/join  # join_cases.py writes /tmp/join/CASE[/training-thread]/rank{r}.pt
+  mf launch --nproc 3 --device cuda $REPO/tests/bin/join_cases.py uneven,accumulate,own-buffers /tmp/join
+  mf launch --nproc 3 --device cuda $REPO/tests/bin/join_cases.py uneven,own-buffers /tmp/join training-thread
+  MACFLEET_SHM=0 mf launch --nproc 3 --device cuda $REPO/tests/bin/join_cases.py fp16 /tmp/join
   tar -C /tmp -cf $OUT/join_cuda.tar join
 fi
 if [ "$part" = join-cost ]; then  # the same runs with every step inside join() and without (both libraries)

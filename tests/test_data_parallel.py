@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -38,20 +40,44 @@ def reference(case: str) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-@pytest.mark.parametrize("case", ["buckets", "single", "order", "no_sync", "unused-allowed", "fp16", "bf16",
-                                  "zero-in-place", "two-models", "two-models-one-bucket", "sparse", "shares",
-                                  "fine-tune", "rewrap", "compiled", "sync-bn", "checkpoint", "input-gradient",
-                                  "two-forwards"])
-def test_data_parallel_matches_the_whole_batch(tmp_path, case: str) -> None:
-    out = tmp_path / "params.pt"
-    # compression casts what crosses the network; ranks of one host share float32 memory.
-    # Two cases keep their buckets in POSIX shared-memory objects, as on macOS.
-    env = {"MACFLEET_SHM": "0"} if case in TOLERANCE else \
-        {"MACFLEET_SHM_OBJECTS": "1"} if case in ("buckets", "fine-tune") else None
-    job = run_launch("--nproc", "3", str(BIN / "dp_cases.py"), case, str(out), env=env)
+# The cases run in three jobs, by the environment they need, each case with a model and a
+# DataParallel of its own: one start of 3 ranks per job rather than one per case (about 2.5 s
+# of a 2-core machine each).
+JOBS = {
+    # compression casts what crosses the network; ranks of one host share float32 memory
+    "ring": ({"MACFLEET_SHM": "0"}, ["fp16", "bf16"]),
+    # buckets in POSIX shared-memory objects, as on macOS
+    "shm-objects": ({"MACFLEET_SHM_OBJECTS": "1"}, ["buckets", "fine-tune"]),
+    "default": ({}, ["single", "order", "no_sync", "unused-allowed", "zero-in-place", "two-models",
+                     "two-models-one-bucket", "sparse", "shares", "rewrap", "compiled", "sync-bn", "checkpoint",
+                     "input-gradient", "two-forwards", "buffers", "validate-alone"]),
+}
+CHECKED_IN_THE_JOB = ("buffers", "validate-alone")  # they compare the ranks' buffers themselves
+
+
+@pytest.fixture(scope="module")
+def dp_job(tmp_path_factory) -> Callable[[str], tuple[Job, Path]]:
+    """The job that ran ``case`` (run when a test first needs it), and where it saved parameters."""
+    done: dict[str, tuple[Job, Path]] = {}
+
+    def job_of(case: str) -> tuple[Job, Path]:
+        name = next(name for name, (_, cases) in JOBS.items() if case in cases)
+        if name not in done:
+            env, cases = JOBS[name]
+            out = tmp_path_factory.mktemp(f"dp-{name}")
+            done[name] = run_launch("--nproc", "3", str(BIN / "dp_cases.py"), ",".join(cases), str(out), env=env,
+                                    timeout=300), out
+        return done[name]
+
+    return job_of
+
+
+@pytest.mark.parametrize("case", [c for _, cases in JOBS.values() for c in cases if c not in CHECKED_IN_THE_JOB])
+def test_data_parallel_matches_the_whole_batch(dp_job, case: str) -> None:
+    job, out = dp_job(case)
     assert job.code == 0, job.output
     assert "Dynamo" not in job.output, job.output  # compiled: DataParallel's bookkeeping is left untraced
-    got, want = torch.load(out), reference(case)
+    got, want = torch.load(out / f"{case}.pt"), reference(case)
     tolerance = TOLERANCE.get(case, 1e-5)
     for name, value in want.items():
         assert torch.allclose(got[name], value, atol=tolerance, rtol=0), (name, (got[name] - value).abs().max())
@@ -118,18 +144,19 @@ def test_shares_that_do_not_fit_the_job_are_refused() -> None:
         macfleet.DataParallel(nn.Linear(2, 2), shares=[0])
 
 
-def test_buffers_are_broadcast_from_rank_0(tmp_path) -> None:
-    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "buffers", str(tmp_path / "p.pt"))
-    assert job.code == 0, job.output
+def test_buffers_are_broadcast_from_rank_0(dp_job) -> None:
+    """The case ends with a forward on one input everywhere and compares the ranks' buffers."""
+    job, out = dp_job("buffers")
+    assert job.code == 0 and (out / "buffers.pt").exists(), job.output
 
 
-def test_a_forward_without_autograd_on_rank_0_alone_needs_no_other_rank(tmp_path) -> None:
+def test_a_forward_without_autograd_on_rank_0_alone_needs_no_other_rank(dp_job) -> None:
     """Validation on rank 0 under torch.no_grad(), the model left in training mode: its forward
     broadcast the buffers, a collective the other ranks never joined, and the job failed with
     ranks in different collectives. The statistics it changed reach the others at the next
     training forward (the case checks that the ranks end with the same buffers)."""
-    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), "validate-alone", str(tmp_path / "p.pt"), timeout=60)
-    assert job.code == 0, job.output
+    job, out = dp_job("validate-alone")
+    assert job.code == 0 and (out / "validate-alone.pt").exists(), job.output
 
 
 @pytest.mark.parametrize("where", ["one host", "two hosts"])
@@ -225,21 +252,41 @@ def join_reference(case: str, world: int = 3) -> tuple[dict[str, torch.Tensor], 
         [opt.state[p]["momentum_buffer"] for p in params.values()]
 
 
-@pytest.mark.parametrize("case", ["even", "metric-even", "uneven", "accumulate", "own-buffers", "divide-by-training",
-                                  "fp16", "throw"])
-def test_ranks_with_fewer_batches_shadow_the_others_inside_join(tmp_path, case: str) -> None:
+JOIN_JOBS = {"default": ({}, ["even", "metric-even", "uneven", "accumulate", "own-buffers", "divide-by-training",
+                             "throw"]),
+             "ring": ({"MACFLEET_SHM": "0"}, ["fp16"])}
+
+
+@pytest.fixture(scope="module")
+def join_job(tmp_path_factory) -> Callable[[str], tuple[Job, Path]]:
+    """The job that ran join case ``case`` (one job for the cases of each environment)."""
+    done: dict[str, tuple[Job, Path]] = {}
+
+    def job_of(case: str) -> tuple[Job, Path]:
+        name = next(name for name, (_, cases) in JOIN_JOBS.items() if case in cases)
+        if name not in done:
+            env, cases = JOIN_JOBS[name]
+            out = tmp_path_factory.mktemp(f"join-{name}")
+            done[name] = run_launch("--nproc", "3", str(BIN / "join_cases.py"), ",".join(cases), str(out), env=env,
+                                    timeout=300), out
+        return done[name]
+
+    return job_of
+
+
+@pytest.mark.parametrize("case", [c for _, cases in JOIN_JOBS.values() for c in cases])
+def test_ranks_with_fewer_batches_shadow_the_others_inside_join(join_job, case: str) -> None:
     """Rank 0 has 2 batches, rank 1 has 5 and rank 2 has 3. Inside ``model.join()`` the job
     ends, and every rank ends with the model and optimizer state of one process that trained
     every rank's batches (with ``throw_on_early_termination``: every rank stops after 2)."""
-    job = run_launch("--nproc", "3", str(BIN / "join_cases.py"), case, str(tmp_path),
-                     env={"MACFLEET_SHM": "0"} if case == "fp16" else None, timeout=60)
+    job, out = join_job(case)
     assert job.code == 0, job.output
     if case == "uneven":  # the launcher says which ranks stood by, ran out of batches, and for how much of the job
         assert "stood by inside join() while the others trained: rank 0 " in job.stderr + job.stdout, job.output
     params, buffers, momentum = join_reference(case)
     tolerance = TOLERANCE.get(case, 1e-5)
     for rank in range(3):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+        got = torch.load(out / case / f"rank{rank}.pt")
         for name, value in params.items():
             assert torch.allclose(got["model"][name], value, atol=tolerance, rtol=0), (rank, name)
         for name, value in buffers[rank].items():

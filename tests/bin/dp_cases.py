@@ -1,4 +1,8 @@
-"""DataParallel cases against the single-process oracle: ``dp_cases.py CASE OUT``.
+"""DataParallel cases against the single-process oracle: ``dp_cases.py CASE[,CASE...] OUTDIR``.
+
+The cases run one after another in the same job, each with a model and a DataParallel of its
+own (as a script that trains several models in turn); rank 0 saves each case's parameters to
+OUTDIR/CASE.pt.
 
 Cases: ``buckets`` (one bucket per module), ``single`` (default bucket sizes: the whole
 model in one bucket, averaged on the thread that ran backward), ``order`` (ranks make
@@ -33,7 +37,6 @@ input, a backward that reaches the model's output but none of its parameters' ``
 ``two-forwards`` (two forwards, of two views of the batch, before one backward, as a siamese or
 contrastive loss makes; the model multiplies by a buffer, which the first forward's backward
 needs as it was: the second forward's broadcast of the buffers must not count as changing it).
-Rank 0 saves its parameters to OUT.
 """
 
 import os
@@ -257,8 +260,14 @@ def make_optimizer(case, model):
 
 
 def main():
-    case, out = sys.argv[1], sys.argv[2]
+    cases, out = sys.argv[1].split(","), sys.argv[2]
     macfleet.init()
+    for case in cases:
+        run(case, out)
+    macfleet.shutdown()
+
+
+def run(case, out):
     rank, world = macfleet.rank(), macfleet.world_size()
     module = make(case)
     if case == "sync-bn":
@@ -341,8 +350,7 @@ def main():
         gathered = macfleet.all_gather(mean)
         assert all(torch.equal(gathered[0], g) for g in gathered), "buffers differ between ranks"
     if rank == 0:
-        torch.save(module.state_dict(), out)
-    macfleet.shutdown()
+        torch.save(module.state_dict(), f"{out}/{case}.pt")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Ranks with different numbers of batches inside ``model.join()``: ``join_cases.py CASE OUTDIR``.
+"""Ranks with different numbers of batches inside ``model.join()``: ``join_cases.py CASE[,CASE...] OUTDIR``.
 
 Rank r trains on ``batches(r)`` batches (rank 0, the buffers' usual source, runs out first).
 The model has a BatchNorm, so its buffers move, and the optimizer has momentum, so its state
-does. Every rank saves its parameters, buffers and momentum to OUTDIR/rank{r}.pt after the
-block; the test trains the same steps in one process (``reference``) and compares.
+does. The cases run one after another in the job, each with a model of its own. After each
+block every rank saves its parameters, buffers and momentum to OUTDIR/CASE/rank{r}.pt (with
+``training-thread``, OUTDIR/CASE/training-thread/rank{r}.pt); the test trains the same steps in
+one process (``reference``) and compares.
 
 Cases: ``even`` (every rank has the same batches: nothing to shadow), ``metric-even`` (the
 same, as ``own-buffers`` below, and the script averages its loss between forward and backward,
@@ -24,6 +26,7 @@ cuda``); a third argument ``training-thread`` makes every device copy from the t
 runs backward, as on MPS.
 """
 
+import os
 import sys
 import time
 
@@ -74,11 +77,19 @@ def train_step(case, model, x, y):
 
 
 def main():
-    case, out = sys.argv[1], sys.argv[2]
+    cases, out = sys.argv[1].split(","), sys.argv[2]
     macfleet.init()
-    rank, device = macfleet.rank(), macfleet.device()
     if sys.argv[3:] == ["training-thread"]:
         runtime().device.copies_from_training_thread = True
+    for case in cases:
+        run(case, os.path.join(out, case, *sys.argv[3:]))
+    macfleet.shutdown()
+
+
+def run(case, out):
+    rank, device = macfleet.rank(), macfleet.device()
+    collectives = runtime().collectives
+    stood_by, waited = collectives.stood_by_s, collectives.waited_s  # the earlier cases'
     wrap = {"compression": "fp16"} if case == "fp16" else \
         {"broadcast_buffers": False, "bucket_cap_mb": 1e-4, "first_bucket_mb": 1e-4} \
         if case in ("own-buffers", "metric-even") else {}
@@ -103,10 +114,9 @@ def main():
         print(f"rank {rank} stopped after {steps} steps: {exc}", flush=True)
     state = {"model": {k: v.cpu() for k, v in model.module.state_dict().items()},
              "momentum": [optimizer.state[p]["momentum_buffer"].cpu() for p in model.module.parameters()],
-             "steps": steps, "stood_by_s": runtime().collectives.stood_by_s,
-             "waited_s": runtime().collectives.waited_s}
+             "steps": steps, "stood_by_s": collectives.stood_by_s - stood_by, "waited_s": collectives.waited_s - waited}
+    os.makedirs(out, exist_ok=True)
     torch.save(state, f"{out}/rank{rank}.pt")
-    macfleet.shutdown()
 
 
 if __name__ == "__main__":
