@@ -55,21 +55,27 @@ JOBS = {
 CHECKED_IN_THE_JOB = ("buffers", "validate-alone")  # they compare the ranks' buffers themselves
 
 
-@pytest.fixture(scope="module")
-def dp_job(tmp_path_factory) -> Callable[[str], tuple[Job, Path]]:
-    """The job that ran ``case`` (run when a test first needs it), and where it saved parameters."""
+def jobs_by_environment(tmp_path_factory, script: str, jobs: dict) -> Callable[[str], tuple[Job, Path]]:
+    """The job of ``script`` that ran ``case``, and the directory it saved to: one job for the
+    cases of each environment in ``jobs`` (name -> (environment, cases)), started when a test
+    first needs it."""
     done: dict[str, tuple[Job, Path]] = {}
 
     def job_of(case: str) -> tuple[Job, Path]:
-        name = next(name for name, (_, cases) in JOBS.items() if case in cases)
+        name = next(name for name, (_, cases) in jobs.items() if case in cases)
         if name not in done:
-            env, cases = JOBS[name]
-            out = tmp_path_factory.mktemp(f"dp-{name}")
-            done[name] = run_launch("--nproc", "3", str(BIN / "dp_cases.py"), ",".join(cases), str(out), env=env,
+            env, cases = jobs[name]
+            out = tmp_path_factory.mktemp(f"{script}-{name}")
+            done[name] = run_launch("--nproc", "3", str(BIN / script), ",".join(cases), str(out), env=env,
                                     timeout=300), out
         return done[name]
 
     return job_of
+
+
+@pytest.fixture(scope="module")
+def dp_job(tmp_path_factory) -> Callable[[str], tuple[Job, Path]]:
+    return jobs_by_environment(tmp_path_factory, "dp_cases.py", JOBS)
 
 
 @pytest.mark.parametrize("case", [c for _, cases in JOBS.values() for c in cases if c not in CHECKED_IN_THE_JOB])
@@ -259,19 +265,7 @@ JOIN_JOBS = {"default": ({}, ["even", "metric-even", "uneven", "accumulate", "ow
 
 @pytest.fixture(scope="module")
 def join_job(tmp_path_factory) -> Callable[[str], tuple[Job, Path]]:
-    """The job that ran join case ``case`` (one job for the cases of each environment)."""
-    done: dict[str, tuple[Job, Path]] = {}
-
-    def job_of(case: str) -> tuple[Job, Path]:
-        name = next(name for name, (_, cases) in JOIN_JOBS.items() if case in cases)
-        if name not in done:
-            env, cases = JOIN_JOBS[name]
-            out = tmp_path_factory.mktemp(f"join-{name}")
-            done[name] = run_launch("--nproc", "3", str(BIN / "join_cases.py"), ",".join(cases), str(out), env=env,
-                                    timeout=300), out
-        return done[name]
-
-    return job_of
+    return jobs_by_environment(tmp_path_factory, "join_cases.py", JOIN_JOBS)
 
 
 @pytest.mark.parametrize("case", [c for _, cases in JOIN_JOBS.values() for c in cases])
