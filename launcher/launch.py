@@ -435,7 +435,7 @@ def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
         outcome, job = run_on_reachable_hosts(cfg, stdin)
         if outcome.code == 0:  # a training job's, not bench's or doctor's: their own tables say it
             coord = outcome.coordinator
-            for line in pace_report(coord.waits, coord.hosts, job.world_size, coord.speeds):
+            for line in pace_report(coord.waits, coord.hosts, job.world_size, coord.speeds, coord.stood_by):
                 log(line)
             for line in stood_by_report(coord.stood_by, coord.waits):
                 log(line)

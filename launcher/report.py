@@ -133,8 +133,8 @@ def stood_by_report(stood_by: dict[int, float], waits: dict[int, tuple[float, fl
     """After a job in which ranks ran out of batches inside ``DataParallel.join()``: the share
     of its time each stood by while the others trained on. Its device sat idle all that time,
     which nothing else says (the pace line leaves it out). Nothing below ``STOOD_BY_SHARE``."""
-    shares = {r: s / (s + waits[r][1]) for r, s in stood_by.items() if r in waits}
-    idle = sorted(r for r, share in shares.items() if share >= STOOD_BY_SHARE)
+    shares = _stood_by_shares(stood_by, waits)
+    idle = sorted(shares)
     if not idle:
         return []
     listed = ", ".join(f"rank {r} {shares[r]:.0%}" for r in idle[:LISTED_RANKS]) + \
@@ -145,13 +145,21 @@ def stood_by_report(stood_by: dict[int, float], waits: dict[int, tuple[float, fl
             f"(macfleet.DistributedSampler) keeps every device busy"]
 
 
+def _stood_by_shares(stood_by: dict[int, float], waits: dict[int, tuple[float, float]]) -> dict[int, float]:
+    """Each rank's share of its time stood by inside join(), where it is ``STOOD_BY_SHARE`` or more."""
+    shares = {r: s / (s + waits[r][1]) for r, s in stood_by.items() if r in waits}
+    return {r: share for r, share in shares.items() if share >= STOOD_BY_SHARE}
+
+
 def pace_report(waits: dict[int, tuple[float, float]], hosts: dict[int, str], world_size: int,
-                speeds: dict[int, float] | None = None) -> list[str]:
+                speeds: dict[int, float] | None = None, stood_by: dict[int, float] | None = None) -> list[str]:
     """After a job that finished: what share of its time each rank spent waiting on the others
     and the network, and who set the pace. On a fleet of mixed Macs the slowest one never waits:
     every other rank waits for it at each exchange (Horovod's timeline shows this; the launcher
     can say it in a line), and with every rank's ``speeds`` (DataParallel's measure: its share
-    of a step per second of work) it says which shares would even them out. Nothing when a rank
+    of a step per second of work) it says which shares would even them out. Ranks that ran out
+    of batches and ``stood_by`` inside join() are listed but not judged: their waiting share is
+    of their few steps, and naming them as the pace setters would say nothing. Nothing when a rank
     did not report, the job was one rank, or it was over too soon to say (``PACE_MIN_RUN_S``)."""
     if world_size < 2 or len(waits) < world_size or max(ran for _, ran in waits.values()) < PACE_MIN_RUN_S:
         return []
@@ -168,14 +176,18 @@ def pace_report(waits: dict[int, tuple[float, float]], hosts: dict[int, str], wo
         return (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in sorted(ranks))}"
                 + (f" (on {', '.join(where)})" if multi_host else ""))
 
-    ranks = sorted(share, key=lambda r: (share[r], r))
+    order = sorted(share, key=lambda r: (share[r], r))
     if world_size <= LISTED_RANKS:
         listed = ", ".join(f"{name(r)} {share[r]:.0%}" for r in sorted(share))
     else:
-        middle = ranks[len(ranks) // 2]
-        listed = (f"least {share[ranks[0]]:.0%} ({name(ranks[0])}), median {share[middle]:.0%}, "
-                  f"most {share[ranks[-1]]:.0%} ({name(ranks[-1])})")
+        middle = order[len(order) // 2]
+        listed = (f"least {share[order[0]]:.0%} ({name(order[0])}), median {share[middle]:.0%}, "
+                  f"most {share[order[-1]]:.0%} ({name(order[-1])})")
     lines = [f"share of each rank's time spent waiting on communication and on other ranks: {listed}"]
+    idle = _stood_by_shares(stood_by or {}, waits)
+    ranks = [r for r in order if r not in idle]
+    if len(ranks) < 2:
+        return lines
     low, high = share[ranks[0]], share[ranks[-1]]
     if high - low >= PACE_SPREAD:
         slow = [r for r in ranks if share[r] < low + (high - low) / 2]

@@ -484,6 +484,17 @@ def test_ranks_that_stood_by_inside_join_are_named_with_their_share_of_the_job()
     assert stood_by_report({0: 70.0}, {1: (2.0, 100.0)}) == []  # rank 0 never said how long it ran
 
 
+def test_ranks_that_stood_by_inside_join_are_listed_but_not_named_as_setting_the_pace() -> None:
+    """Rank 0 ran out of batches after two quick steps (little waiting in them) and stood by;
+    rank 2 waited for rank 1's slow steps. Judged on its two steps, rank 0 read as a pace setter."""
+    waits, hosts = {0: (0.1, 2.0), 1: (0.2, 8.0), 2: (3.0, 8.0)}, dict.fromkeys(range(3), "m")
+    assert pace_report(waits, hosts, 3)[1].startswith("ranks 0, 1 set the pace")
+    listed, pace = pace_report(waits, hosts, 3, stood_by={0: 6.0, 2: 0.1})  # rank 2's 1%: not worth judging apart
+    assert "rank 0 5%" in listed
+    assert pace == "rank 1 sets the pace: rank 2 spent up to 35% more of its time waiting for it"
+    assert pace_report(waits, hosts, 3, stood_by={0: 6.0, 1: 6.0}) == [listed]  # one rank left: nothing to compare
+
+
 def test_the_pace_line_names_the_ranks_the_others_wait_for() -> None:
     hosts = {0: "studio", 1: "studio", 2: "air", 3: "air"}
     waits = {0: (41.0, 100.0), 1: (40.0, 100.0), 2: (6.0, 100.0), 3: (5.0, 100.0)}
