@@ -107,6 +107,11 @@ class Join:
         step, besides the gradients', cost a small CNN 8-34% of its step on the device machine."""
         self._settle()
         model = self.model
+        if model._forwards > 1:
+            raise ConfigError(
+                "inside join() each training forward must be followed by its backward: a rank out of batches "
+                "shadows one forward and one backward per step, as with DDP's join(), and cannot tell a second "
+                "forward from the next step. Run both inputs in one forward (torch.cat), or train without join()")
         if (changed or self.throw or not self.divide_by_initial_world_size
                 or (model.broadcast_buffers and any(b.numel() for b in model._known_buffers))):
             return self._round(True, syncing, changed)

@@ -113,6 +113,7 @@ class DataParallel(nn.Module):
         self._seen = -1
         self._queued = False  # a gradient of this backward has come: the step's exchange is under way
         self._finish_queued = False  # the end-of-backward callback is queued on a backward under way
+        self._forwards = 0  # training forwards since a backward last reached the outputs (join() allows one)
         self._released = 0  # buckets released for averaging in this step: always a prefix, in index order
         self._comm: _CommThread | None = None
         if self.runtime.world_size == 1:
@@ -229,6 +230,7 @@ class DataParallel(nn.Module):
         return output
 
     def _on_output_grad(self, grad: torch.Tensor) -> None:
+        self._forwards = 0
         if self.require_backward_grad_sync:
             self._queue_finish()
 
@@ -259,6 +261,7 @@ class DataParallel(nn.Module):
             raise ConfigError(
                 f"this DataParallel's parameters were wrapped again by a newer DataParallel (of "
                 f"{self._replaced_by}), which now averages their gradients: train through the newer one")
+        self._forwards += 1
         changed = self.runtime.world_size > 1 and self._stale()
         # inside join(): which ranks train in this step, and which of them the buffers come from
         agreed = None if self._join is None else self._join.agree(self.require_backward_grad_sync, changed)

@@ -302,6 +302,7 @@ def test_ranks_with_fewer_batches_shadow_the_others_inside_join(join_job, case: 
     # the script averages its loss each step: rank 0, out of batches, cannot shadow that
     ("metric", "takes part only in DataParallel's own collectives"),
     ("no-sync-differs", "2 of the 3 training ranks average gradients in this step and the others are in no_sync()"),
+    ("two-forwards", "inside join() each training forward must be followed by its backward"),
 ])
 def test_what_join_cannot_shadow_is_named(tmp_path, case: str, expected: str) -> None:
     job = run_launch("--nproc", "3", str(BIN / "join_cases.py"), case, str(tmp_path), timeout=60)

@@ -19,7 +19,9 @@ leaves the round to the bucket thread and does not wait for it),
 ``throw`` (``throw_on_early_termination=True``: every rank stops at rank 0's last batch; the
 rank saves the step it stopped at), ``metric`` (the script averages its loss each step, a
 collective a rank out of batches cannot shadow), ``sync-bn`` (a SyncBatchNorm in the model),
-``no-sync-differs`` (rank 1 alone takes its first step under ``no_sync()``).
+``no-sync-differs`` (rank 1 alone takes its first step under ``no_sync()``), ``two-forwards``
+(two forwards before each backward, as a siamese loss makes: more than a rank out of batches
+can shadow).
 
 The model trains on ``macfleet.device()`` (CUDA on the device machine, under ``--device
 cuda``); a third argument ``training-thread`` makes every device copy from the thread that
@@ -69,6 +71,9 @@ def train_step(case, model, x, y):
     if case == "no-sync-differs" and macfleet.rank() == 1:
         with model.no_sync():
             nn.functional.cross_entropy(model(x), y).backward()
+        return
+    if case == "two-forwards":
+        (nn.functional.cross_entropy(model(x), y) + nn.functional.cross_entropy(model(-x), y)).backward()
         return
     loss = nn.functional.cross_entropy(model(x), y)
     if case.startswith("metric"):
