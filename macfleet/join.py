@@ -20,9 +20,9 @@ none of that, the round runs on the bucket thread and forward goes on (``Join.ag
 What a rank out of batches cannot shadow is refused, at the same round on every rank: a model
 whose parameters changed after a rank joined (its buckets would differ), and SyncBatchNorm
 (whose statistics need a batch from every rank); and, on each training rank, a second forward
-before a backward (the shadow takes each round for a step of its own). Collectives the script makes itself (a metric
-averaged each step) have no shadow either: the ranks then stand in different collectives,
-which stops the job with that report.
+before a backward (the shadow takes each round for a step of its own). Collectives the script
+makes itself (a metric averaged each step) have no shadow either: the ranks then stand in
+different collectives, which stops the job with that report.
 """
 
 from __future__ import annotations

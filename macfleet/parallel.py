@@ -33,7 +33,7 @@ import time
 import weakref
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
@@ -350,6 +350,7 @@ class DataParallel(nn.Module):
             self.require_backward_grad_sync = previous
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
+        self._forwards = 0  # a backward is under way (the outputs' hook says so too, where it finds them)
         if not self.require_backward_grad_sync:
             return
         if not self._queued:  # first gradient of this backward: arm the step
@@ -631,8 +632,8 @@ _is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lamb
 
 
 def _tensors(output: Any) -> Iterator[torch.Tensor]:
-    """The tensors in a module's output: a tensor, or tuples, lists and dicts of them (Hugging
-    Face's ``ModelOutput`` is a dict)."""
+    """The tensors in a module's output: a tensor, or tuples, lists, dicts (Hugging Face's
+    ``ModelOutput`` is one) and dataclasses of them."""
     if isinstance(output, torch.Tensor):
         yield output
     elif isinstance(output, (tuple, list)):
@@ -641,6 +642,9 @@ def _tensors(output: Any) -> Iterator[torch.Tensor]:
     elif isinstance(output, dict):
         for item in output.values():
             yield from _tensors(item)
+    elif is_dataclass(output) and not isinstance(output, type):
+        for f in fields(output):
+            yield from _tensors(getattr(output, f.name))
 
 
 def eagerly(fn: Callable[..., T]) -> Callable[..., T]:

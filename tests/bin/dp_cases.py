@@ -32,7 +32,7 @@ plain BatchNorms on the whole batch, running statistics included; one bucket per
 their backward collectives run while buckets are in flight), ``checkpoint`` (the last layers in a
 reentrant activation checkpoint, ``use_reentrant=True`` as Hugging Face's gradient checkpointing
 uses: their backward is a backward of its own, which ends before the first layer's gradient
-comes), ``input-gradient`` (a gradient penalty: ``torch.autograd.grad`` of the output by the
+comes; the model returns its logits in a dataclass), ``input-gradient`` (a gradient penalty: ``torch.autograd.grad`` of the output by the
 input, a backward that reaches the model's output but none of its parameters' ``.grad``),
 ``two-forwards`` (two forwards, of two views of the batch, before one backward, as a siamese or
 contrastive loss makes; the model multiplies by a buffer, which the first forward's backward
@@ -41,6 +41,7 @@ needs as it was: the second forward's broadcast of the buffers must not count as
 
 import os
 import sys
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -156,6 +157,13 @@ class RaisesMidBackward(nn.Module):
         return self.net[2:](RaiseInBackward.apply(self.net[:2](x)))
 
 
+@dataclass
+class Output:
+    """A model's output as an object of its own (DataParallel must find the tensor inside)."""
+
+    logits: torch.Tensor
+
+
 class Checkpointed(nn.Module):
     """The oracle's model with its last layers recomputed in backward (a reentrant checkpoint),
     so that backward's first gradients come in the checkpoint's own backward."""
@@ -165,7 +173,7 @@ class Checkpointed(nn.Module):
         self.net = oracle.make_model()
 
     def forward(self, x):
-        return checkpoint(self.net[2:], self.net[:2](x), use_reentrant=True)
+        return Output(checkpoint(self.net[2:], self.net[:2](x), use_reentrant=True))
 
 
 class Masked(nn.Module):
@@ -186,6 +194,8 @@ def loss(case, model, x, y):
     ``two-forwards`` is the mean of the losses on the batch and on its negative."""
     if case == "two-forwards":
         return (nn.functional.cross_entropy(model(x), y) + nn.functional.cross_entropy(model(-x), y)) / 2
+    if case == "checkpoint":
+        return nn.functional.cross_entropy(model(x).logits, y)
     if case != "input-gradient":
         return nn.functional.cross_entropy(model(x), y)
     x = x.clone().requires_grad_(True)
