@@ -150,7 +150,7 @@ class DataParallel(nn.Module):
                     p.grad = p.grad.clone()
         with torch.no_grad(), rt.on_behalf_of(caller):
             _broadcast_flat([p for _, p in self._known_params], "parameters")
-            _broadcast_flat(self._known_buffers, "buffers")
+            self._broadcast_buffers(0)
             self.buckets, self._where = [], {}
             self._build_buckets(bucket_layout(named, *self._caps))
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for _, p in named]
@@ -270,13 +270,17 @@ class DataParallel(nn.Module):
             self._lay_out("DataParallel (parameters changed)")
         self._check_placement()
         if self.broadcast_buffers and self.runtime.world_size > 1:
-            # Written past autograd's version counters, as DDP's broadcast is: a second forward
-            # before backward (a siamese or contrastive loss on two views) would otherwise make the
-            # first one's backward refuse every buffer it saved (a mask it multiplied by; the CPU's
-            # BatchNorm saves its running statistics) as "modified by an inplace operation". What
-            # changes in them is rank 0's running statistics, which no training backward reads.
             with torch.no_grad(), rt.on_behalf_of("DataParallel (buffers)"):
-                _broadcast_flat([b.data for b in self._known_buffers], "buffers", source)
+                self._broadcast_buffers(source)
+
+    def _broadcast_buffers(self, source: int) -> None:
+        """Rank ``source``'s buffers on every rank, written past autograd's version counters, as
+        DDP's broadcast writes them: a second forward before backward (a siamese or contrastive
+        loss on two views) would otherwise make the first one's backward refuse every buffer it
+        saved (a mask it multiplied by; the CPU's BatchNorm saves its running statistics) as
+        "modified by an inplace operation". What changes in them is rank 0's running statistics,
+        which no training backward reads."""
+        _broadcast_flat([b.data for b in self._known_buffers], "buffers", source)
 
     def _check_placement(self) -> None:
         """The buckets were laid out for the parameters' device and dtype at construction; a
@@ -326,7 +330,7 @@ class DataParallel(nn.Module):
         with torch.no_grad():
             if self.broadcast_buffers:
                 with rt.on_behalf_of("DataParallel (buffers)"):
-                    _broadcast_flat(self._known_buffers, "buffers", source)
+                    self._broadcast_buffers(source)
             if not syncing:
                 return
             # the host buffers are zeroed: their last copies back to the device must be over
@@ -338,7 +342,7 @@ class DataParallel(nn.Module):
         """Rank ``source``'s parameters, and its buffers where they are shared, on every rank."""
         _broadcast_flat([p for _, p in self._known_params], "parameters", source)
         if self.broadcast_buffers:
-            _broadcast_flat(self._known_buffers, "buffers", source)
+            self._broadcast_buffers(source)
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

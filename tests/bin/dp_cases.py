@@ -32,8 +32,8 @@ plain BatchNorms on the whole batch, running statistics included; one bucket per
 their backward collectives run while buckets are in flight), ``checkpoint`` (the last layers in a
 reentrant activation checkpoint, ``use_reentrant=True`` as Hugging Face's gradient checkpointing
 uses: their backward is a backward of its own, which ends before the first layer's gradient
-comes; the model returns its logits in a dataclass), ``input-gradient`` (a gradient penalty: ``torch.autograd.grad`` of the output by the
-input, a backward that reaches the model's output but none of its parameters' ``.grad``),
+comes; the model returns its logits in a dataclass), ``input-gradient`` (a gradient penalty:
+``torch.autograd.grad`` of the output by the input, a backward that reaches the model's output but none of its parameters' ``.grad``),
 ``two-forwards`` (two forwards, of two views of the batch, before one backward, as a siamese or
 contrastive loss makes; the model multiplies by a buffer, which the first forward's backward
 needs as it was: the second forward's broadcast of the buffers must not count as changing it).
@@ -196,12 +196,12 @@ def loss(case, model, x, y):
         return (nn.functional.cross_entropy(model(x), y) + nn.functional.cross_entropy(model(-x), y)) / 2
     if case == "checkpoint":
         return nn.functional.cross_entropy(model(x).logits, y)
-    if case != "input-gradient":
-        return nn.functional.cross_entropy(model(x), y)
-    x = x.clone().requires_grad_(True)
-    out = model(x)
-    grad, = torch.autograd.grad(out.sum(), x, create_graph=True)
-    return nn.functional.cross_entropy(out, y) + 0.1 * grad.pow(2).sum(1).mean()
+    if case == "input-gradient":
+        x = x.clone().requires_grad_(True)
+        out = model(x)
+        grad, = torch.autograd.grad(out.sum(), x, create_graph=True)
+        return nn.functional.cross_entropy(out, y) + 0.1 * grad.pow(2).sum(1).mean()
+    return nn.functional.cross_entropy(model(x), y)
 
 
 def make(case):
