@@ -305,15 +305,6 @@ class Collectives:
                 ch.recv_into(piece)
             if me != last:
                 ch.send(piece, meta)
-        # The last member answers the root with an empty message. Otherwise a rank that takes
-        # itself for the root only sends, and ranks that disagree on the root (each passing its
-        # own rank) would each keep its own tensor with no error: the answer's header is checked
-        # against the root's, as every piece's is.
-        if me == last and me != root:
-            ch.send(b"", meta)
-        if me == root and me != last:
-            ch.recv_header(0, meta)
-            ch.recv_frame()
 
     def _reduce_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
                    meta: dict, wire: torch.dtype | None = None) -> None:

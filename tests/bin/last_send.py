@@ -1,8 +1,7 @@
-"""``last_send.py NBYTES``: rank 0 broadcasts NBYTES and every script ends at once.
+"""``last_send.py NBYTES``: rank 0 broadcasts NBYTES and its script ends at once.
 
-On the ring a rank that passes the chunks on waits for nobody (only the source waits, for the
-last rank's answer), so when its call returns its chunks may still be queued for the network;
-the other ranks check that every byte arrived all the same.
+A broadcast's source waits for nobody, so when the call returns its chunks may still be
+queued for the network; the other ranks check that every byte arrived all the same.
 """
 
 import sys
