@@ -281,6 +281,13 @@ class Coordinator:
                               for r, w in sorted(waiting.items()))
             reason = (f"the ranks are in different collectives ({where}): every rank must call the same "
                       f"collectives in the same order")
+        elif len({w.get("root") for w in waiting.values()}) > 1:
+            # Over sockets, ranks that each take another rank for a broadcast's source all
+            # receive, and nothing is ever sent (through shared memory their signatures differ)
+            op = next(iter(waiting.values()))
+            sources = ", ".join(f"rank {r} from rank {w.get('root')}" for r, w in sorted(waiting.items()))
+            reason = (f"the ranks name different sources for broadcast (op {op.get('id')}): {sources}; every rank "
+                      f"must name the same source")
         else:
             op = next(iter(waiting.values()))
             reason = (f"every rank has waited over {self.stall_timeout_s:.0f} s in {op.get('op')} (op {op.get('id')}): "

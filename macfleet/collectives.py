@@ -114,7 +114,8 @@ class Collectives:
         # (DataParallel notes them, its waits left out), and its part of every step's samples.
         self.step_work_s: deque[float] = deque(maxlen=4096)
         self.step_share: float | None = None
-        self.current: tuple[str, int, float, tuple[str, int]] | None = None  # (collective, op id, since, caller's line)
+        # (collective, op id, since, caller's line, a broadcast's source or -1)
+        self.current: tuple[str, int, float, tuple[str, int], int] | None = None
         self.history = History()  # the last collectives, for the report of ranks that disagree
         self.last_algorithm = ""  # which path the last all_reduce took (for benchmarks)
         self._op = 0
@@ -305,6 +306,10 @@ class Collectives:
                 ch.recv_into(piece)
             if me != last:
                 ch.send(piece, meta)
+        if me == last and me != root:
+            ch.send(b"", meta)  # the answer (Channel.expect_answer): it names the source this rank took
+        if me == root and me != last:
+            ch.expect_answer(meta)
 
     def _reduce_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
                    meta: dict, wire: torch.dtype | None = None) -> None:
@@ -555,7 +560,7 @@ class Collectives:
                 self.history.add(op_id, signature, site)
                 if self.local is not None:
                     self.local.announce(signature)
-                self.current = (f"{kind} from {caller}" if caller else kind, op_id, time.monotonic(), site)
+                self.current = (f"{kind} from {caller}" if caller else kind, op_id, time.monotonic(), site, root)
                 try:
                     yield op_id
                 except BaseException:
@@ -575,6 +580,8 @@ class Collectives:
         if current is not None:
             status["waiting"] = {"op": current[0], "id": current[1], "for_s": time.monotonic() - current[2],
                                  "at": where(*current[3])}
+            if current[4] >= 0:  # ranks that wait in one broadcast, each for another source, wait for ever
+                status["waiting"]["root"] = current[4]
         return status
 
     @property

@@ -30,7 +30,8 @@ from macfleet import protocol
 from macfleet.collectives import SMALL_BYTES, ZERO_COPY_BYTES, Collectives
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
-from macfleet.errors import ConfigError, RendezvousError
+from macfleet.history import History
+from macfleet.errors import ConfigError, MacfleetError, ProtocolError, RendezvousError
 from macfleet.shm import LocalGroup, default_slot_bytes
 from macfleet.transport import Liveness, Ring
 
@@ -62,6 +63,7 @@ class Runtime:
 
 _runtime: Runtime | None = None
 _left: Runtime | None = None  # the job this process left (shutdown): its facts stay; its place is gone
+_left_history: History | None = None  # its last collectives, for an error that shutdown raises
 
 
 def init(device: str | None = None, streams: int | None = None, timeout_s: float | None = None) -> Runtime:
@@ -212,7 +214,9 @@ def runtime() -> Runtime:
 def recent_collectives() -> list[str]:
     """This rank's last collectives and the lines that called them, for its exit report."""
     rt = _runtime
-    return rt.collectives.history.lines() if rt is not None and rt.collectives is not None else []
+    if rt is not None and rt.collectives is not None:
+        return rt.collectives.history.lines()
+    return _left_history.lines() if _left_history is not None else []
 
 
 def _stacks(frames_per_thread: int = 10, max_bytes: int = 12 << 10) -> str:
@@ -278,12 +282,14 @@ def _orphaned(env: WorkerEnv) -> bool:
 def shutdown() -> None:
     """Deliver what this rank still sends, close sockets and stop the control thread. Safe to
     call twice."""
-    global _runtime, _left
+    global _runtime, _left, _left_history
     rt, _runtime = _runtime, None
     if rt is None or rt.ctx is None or rt.pid != os.getpid():
         return  # nothing to close; or a forked child's exit, whose sockets and job directory are its parent's
     _left = Runtime(rt.env, rt.device, None, None, None)  # what it was, without the means (buffers, sockets)
     _orphaned(rt.env)
+    _left_history = rt.collectives.history if rt.collectives is not None else None
+    mismatch = _last_answers(rt)
     _close_data_plane(rt)
     if rt.control is not None:
         # a finished rank is not a hung one; its last collective tells a rank still waiting in a
@@ -297,6 +303,29 @@ def shutdown() -> None:
         rt.control.outbox.put((protocol.BYE, bye))
         rt.control.stop()
     rt.ctx.destroy(linger=0)
+    if mismatch is not None:
+        raise mismatch
+
+
+def _last_answers(rt: Runtime) -> ProtocolError | None:
+    """The answers to this rank's last broadcasts as their source (``Channel.expect_answer``)
+    that no later collective has read: where ranks named different sources for the script's
+    last broadcast, the error that says so, raised once the rank has left the job (the
+    bootstrap reports it, and the rank exits 1). While the job is healthy only: a peer that is
+    gone, or an abort, is another rank's failure, not this one's."""
+    collectives, control = rt.collectives, rt.control
+    if collectives is None or control is None or control.liveness.reason is not None:
+        return None
+    due = min((op for ring in collectives.rings for op in ring.answers_due()), default=0)
+    try:
+        for ring in collectives.rings:
+            ring.read_answers()
+    except ProtocolError as exc:
+        collectives.history.failed_in = due  # the broadcast it is about, in the report's list
+        return exc
+    except MacfleetError:
+        pass  # the job is failing (a peer lost, an abort, a timeout): the others' reports say why
+    return None
 
 
 def _close_data_plane(rt: Runtime) -> None:

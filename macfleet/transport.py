@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,8 @@ def _described(fields: dict[str, Any]) -> str:
     what = str(fields.get("c", "?"))
     if "numel" in fields:
         what = f"{what} of {fields['numel']} {dtype}".rstrip()
+    if isinstance(fields.get("root"), int):
+        what = f"{what} from rank {fields['root']}"
     return f"{what}, from {fields['by']}" if fields.get("by") else what
 
 
@@ -103,6 +106,9 @@ class Channel:
         self._seq_out = 0
         self._seq_in = 0
         self._op = -1
+        # (op, meta) of each broadcast this rank was the source of whose last member has yet to
+        # answer: see expect_answer
+        self._answers: deque[tuple[int, dict[str, Any]]] = deque()
         self.pull = ctx.socket(zmq.PULL)
         self.push = ctx.socket(zmq.PUSH)
         # (push, pull) on I/O threads of their own: one thread moves one flow at a time, and a
@@ -183,20 +189,48 @@ class Channel:
         self.push.send(payload, copy=copy)
 
     # -- receiving --------------------------------------------------------------------------
+    def expect_answer(self, meta: dict[str, Any]) -> None:
+        """This op is a broadcast from this rank, and ``prev_rank``, its last member, answers
+        with an empty message, whose header is checked against ``meta`` as every piece's is.
+        Otherwise a rank that takes itself for the source only sends, and ranks that name
+        different sources (each passing its own rank) would each keep its own tensor with no
+        error. The answer is read before anything else this channel receives (the next
+        collective's first message, or ``read_answers`` at shutdown), not now: a source waiting
+        for it heard nothing for the whole transfer, and the launcher's stall check took it for
+        a stuck rank."""
+        self._answers.append((self._op, meta))
+
+    def answers_due(self) -> list[int]:
+        """The ops whose answers are still to be read, oldest first."""
+        return [op for op, _ in self._answers]
+
+    def read_answers(self) -> None:
+        while self._answers:
+            op, meta = self._answers[0]
+            self._receive(op, 0, 0, meta)
+            self.pull.recv(copy=False)  # its empty payload
+            self._answers.popleft()
+
     def recv_header(self, nbytes: int, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """Wait for the next message of this op's schedule; its payload frame is left unread."""
+        self.read_answers()
+        fields = self._receive(self._op, self._seq_in, nbytes, meta)
+        self._seq_in += 1
+        return fields
+
+    def _receive(self, op: int, seq: int, nbytes: int, meta: dict[str, Any] | None) -> dict[str, Any]:
+        """The header of message ``seq`` of op ``op``; anything else that comes first is dropped."""
         while True:
             self._wait(self.pull, zmq.POLLIN, "receive from", self.prev_rank)
             frames = [self.pull.recv(copy=False)]
             while self.pull.getsockopt(zmq.RCVMORE) and len(frames) < 2:
                 frames.append(self.pull.recv(copy=False))
             try:
-                fields = self._check(frames, nbytes, meta)
+                fields = self._check(frames, op, seq, nbytes, meta)
             except wire.BadMessage:
                 self.dropped += 1
                 self._drain()
                 continue
-            self._seq_in += 1
             self.liveness.moved()
             return fields
 
@@ -208,16 +242,17 @@ class Channel:
         if got != len(dest):
             raise ProtocolError(f"rank {self.prev_rank} sent {got} bytes where {len(dest)} were due")
 
-    def _check(self, frames: list[zmq.Frame], nbytes: int, meta: dict[str, Any] | None) -> dict[str, Any]:
+    def _check(self, frames: list[zmq.Frame], op: int, seq: int, nbytes: int,
+               meta: dict[str, Any] | None) -> dict[str, Any]:
         if len(frames) != 2 or not self.pull.getsockopt(zmq.RCVMORE):
             raise wire.BadMessage("wrong frame count")
         fields = wire.unpack(self.secret, frames[0].buffer, frames[1].buffer)
         if (fields.get("job"), fields.get("src"), fields.get("op"), fields.get("seq")) != (
-            self.job_id, self.prev_rank, self._op, self._seq_in
+            self.job_id, self.prev_rank, op, seq
         ):
             ahead = fields.get("op")
             if (fields.get("job"), fields.get("src")) == (self.job_id, self.prev_rank) and isinstance(ahead, int) \
-                    and ahead > self._op:
+                    and ahead > op:
                 # Authentic, and sent after everything the sender had for us in our op: it has
                 # made a collective that we have not. Dropped as a replay, it left both ranks
                 # waiting for each other until the stall report. (Messages lost with a TCP
@@ -226,12 +261,16 @@ class Channel:
                 # would not have survived it before either.)
                 raise ProtocolError(
                     f"rank {self.prev_rank} is in collective #{ahead} ({_described(fields)}) while rank {self.rank} "
-                    f"waits for its data in #{self._op} ({_described(meta or {})}): rank {self.prev_rank} has made "
+                    f"waits for its data in #{op} ({_described(meta or {})}): rank {self.prev_rank} has made "
                     f"more collectives than rank {self.rank} (every rank must call the same collectives, in the "
                     f"same order)")
             raise wire.BadMessage("not the next message of the schedule")  # e.g. a replay
         # Authentic and in order: a disagreement now is a real mismatch between ranks.
         for key, want in (meta or {}).items():
+            if key == "root" and fields.get(key) != want and fields.get("c") == (meta or {}).get("c"):
+                raise ProtocolError(
+                    f"rank {self.prev_rank} is in {_described(fields)} while rank {self.rank} is in "
+                    f"{_described(meta or {})} (collective #{op}): every rank must name the same source")
             if fields.get(key) != want:
                 theirs, ours = fields.get("by"), (meta or {}).get("by")
                 callers = (f"; rank {self.prev_rank}'s is from {theirs or 'the script'}, rank {self.rank}'s "
@@ -347,6 +386,13 @@ class Ring:
         for ch, back in pairs:  # ch's receiver answers on its own back(ch), which arrives on ours
             back.recv_header(0, {"c": "settle", "of": ch.id.name})
             back.recv_frame()
+
+    def answers_due(self) -> list[int]:
+        return [op for ch in self.channels for op in ch.answers_due()]
+
+    def read_answers(self) -> None:
+        for ch in self.channels:
+            ch.read_answers()
 
     @property
     def dropped(self) -> int:

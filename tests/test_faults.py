@@ -284,8 +284,8 @@ def test_ranks_waiting_for_a_late_one_to_join_say_so_and_where_it_is() -> None:
     assert f'behave.py", line {line}' in stacks, stacks
 
 
-# Over sockets a rank that takes itself for a broadcast's source only sends, and nothing checks
-# what it sent: ranks that name different sources are caught through shared memory only.
+# Over sockets ranks that name different sources for a broadcast are caught a collective later:
+# test_ranks_that_broadcast_from_different_sources_over_sockets_fail.
 @pytest.mark.parametrize("path, mismatch", [(path, m) for path in ("shared-memory", "sockets")
                                             for m in ("numel", "rop", "dtype", "kind", "save", "gather", "root")
                                             if (path, m) != ("sockets", "root")])
@@ -309,6 +309,47 @@ def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, misma
     assert re.search(rf"ranks 0-1:\n(    .*\n)*    #\d+ .*\[failed here\] at .*behave.py:{ours}: ", made), made
     assert re.search(rf"rank 2:\n(    .*\n)*    #\d+ .*\[failed here\] at .*behave.py:{theirs}: ", made), made
     assert job.seconds < 20
+
+
+@pytest.mark.parametrize("mode", ["root", "root-last"])
+def test_ranks_that_broadcast_from_different_sources_over_sockets_fail(mode: str) -> None:
+    """Ranks 0 and 1 broadcast from rank 0, rank 2 from itself. Over sockets a rank that takes
+    itself for the source only sends, and waits for nobody: each rank kept its own tensor and the
+    job ended well. The last member answers the source, and the source reads the answer before
+    anything else it receives: at its next collective (``root``), or as its script ends
+    (``root-last``, where the error used to be "ignored in atexit callback", exit code 0)."""
+    job = run_launch("--nproc", "3", BEHAVE, "2", mode, env={"MACFLEET_SHM": "0"}, timeout=60)
+    assert job.code != 0 and "finished" not in job.stdout, job.output
+    root = job.stderr[job.stderr.index("root cause"):]
+    cause = root.split("other ranks")[0]
+    assert "ProtocolError" in cause and "every rank must name the same source" in cause, root
+    # each source hears from the member before it, which took another rank for the source (the
+    # first to find out is the root cause; the other may be stopped by the abort first)
+    found = [re.search(r"rank 2 is in broadcast of 8 float32 from rank 2 while rank 0 is in broadcast of 8 float32 "
+                       r"from rank 0 \(collective #2\)", cause),
+             re.search(r"rank 1 is in broadcast of 8 float32 from rank 0 while rank 2 is in broadcast of 8 float32 "
+                       r"from rank 2 \(collective #2\)", cause)]
+    assert any(found), root
+    if mode == "root-last":  # the report marks the broadcast, the script's last line that made a collective
+        made = root[root.index("last collectives of each rank"):]
+        first = 0 if found[0] else 2
+        line = behave_line('if mode == "root-last" else agreed') if first == 0 else \
+            behave_line('"root": lambda: macfleet.broadcast(torch.ones(8) * rank, rank)')
+        assert re.search(rf"rank {first}:\n(    .*\n)*    #2 broadcast .* \[failed here\] at .*behave.py:{line}: ",
+                         made), made
+    assert job.seconds < 20
+
+
+def test_ranks_that_each_broadcast_from_another_are_named_by_the_stall_report() -> None:
+    """Each rank broadcasts from the next one: over sockets every rank waits to receive and
+    nothing is sent. The stall report said "messages are not getting through (network?)"."""
+    job = run_launch("--nproc", "3", "--stall-timeout", "1", BEHAVE, "0", "root-swapped",
+                     env={"MACFLEET_SHM": "0"}, timeout=60)
+    assert job.code != 0 and "returned" not in job.stdout, job.output
+    cause = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+    assert ("the ranks name different sources for broadcast (op 2): rank 0 from rank 1, rank 1 from rank 2, "
+            "rank 2 from rank 0") in cause, job.stderr
+    assert "network" not in cause, cause
 
 
 def test_a_mistake_in_the_script_is_not_restarted() -> None:

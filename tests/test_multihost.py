@@ -414,6 +414,19 @@ def test_hosts_in_different_collectives_fail_fast_on_the_hosts_ring(sshd) -> Non
     assert job.seconds < 20
 
 
+def test_hosts_that_broadcast_from_different_sources_fail_on_the_hosts_ring(sshd) -> None:
+    """Host 1's ranks broadcast from rank 0, host 2's rank from itself: each host's leader takes
+    itself for the source on the leaders' ring, only sends, and kept its own tensor; the job
+    ended well. The answer of the ring's last leader names the source it took."""
+    job = run_launch("--hosts", "127.0.0.2:2,127.0.0.3:1", *sshd.launch_options(), BEHAVE, "2", "root", timeout=60)
+    assert job.code != 0 and "finished" not in job.stdout, job.output
+    cause = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+    assert "ProtocolError" in cause and "every rank must name the same source" in cause, cause
+    assert re.search(r"rank (2|0) is in broadcast of 8 float32 from rank \1 while rank (0|2) is in broadcast of 8 "
+                     r"float32 from rank \2", cause), cause
+    assert job.seconds < 20
+
+
 def test_doctor_prints_a_table_with_every_link(sshd) -> None:
     out = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hosts", "127.0.0.2,127.0.0.3",
                           *sshd.launch_options(), "--megabytes", "8"], capture_output=True, text=True, timeout=120)

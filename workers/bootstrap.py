@@ -65,7 +65,25 @@ def main() -> None:
         _report(exc, script)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
     _free_script_objects()
+    if code in (0, None):
+        code = _leave_job(script)
     sys.exit(code)
+
+
+def _leave_job(script: str) -> int:
+    """Leave the macfleet job (if the script joined one) as ``atexit`` would, but where an
+    error can still fail the rank: one that only the last reads find (ranks that named different
+    sources for the script's last broadcast) was printed as "Exception ignored in atexit
+    callback", and the rank exited 0."""
+    runtime = sys.modules.get("macfleet.runtime")
+    if runtime is None:
+        return 0
+    try:
+        runtime.shutdown()
+    except Exception as exc:
+        _report(exc.with_traceback(None), script)  # its message says it all; the frames are macfleet's
+        return 1
+    return 0
 
 
 # At the pipe's end: the rank's own check (runtime._check_parent, once a second) has had time to

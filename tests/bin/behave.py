@@ -19,7 +19,9 @@ only); in ``gather`` every rank all-gathers, the others 8 numbers and these 9 (a
 one barrier on each side). In ``host-only`` these ranks take a shared tensor first
 (``macfleet.host_tensor``, a collective of one host's ranks), then all-reduce as the others
 do: where they are a whole host, their all-reduce is numbered one ahead of the others', and
-its messages reach the other hosts as messages from a later collective.
+its messages reach the other hosts as messages from a later collective. In ``root`` these ranks
+broadcast from themselves and the others from rank 0; ``root-last`` is the same as the script's
+last collective; in ``root-swapped`` every rank broadcasts from the next rank (all of them receive).
 """
 
 import json
@@ -144,10 +146,15 @@ mismatch = {"numel": lambda: macfleet.all_reduce(torch.ones(9)),
             "gather": lambda: macfleet.all_gather(torch.ones(9)),
             "host-only": lambda: macfleet.host_tensor(8, torch.float32) + macfleet.all_reduce(torch.ones(8)),
             "root": lambda: macfleet.broadcast(torch.ones(8) * rank, rank)}  # each takes itself for the source
+mismatch["root-last"] = mismatch["root"]  # the script's last collective
+mismatch["root-swapped"] = lambda: macfleet.broadcast(torch.ones(8) * rank, (rank + 1) % macfleet.world_size())  # each waits
 agreed = {"gather": lambda: macfleet.all_gather(torch.ones(8)), "root": lambda: macfleet.broadcast(torch.ones(8) * rank, 0)}.get(mode, lambda: macfleet.all_reduce(torch.ones(8)))
+agreed = (lambda: macfleet.broadcast(torch.ones(8) * rank, 0)) if mode == "root-last" else agreed
 if mode in mismatch:
     result = mismatch[mode]() if rank >= fail_rank else agreed()
     print(f"returned {result.tolist()}", flush=True)  # what the test must never see
+    if mode == "root-last":
+        sys.exit(0)
 if mode == "hang-first":  # as hang in the first attempt; a restart sums a one from each rank and finishes
     if os.environ["MACFLEET_RESTART_COUNT"] == "0":
         mode = "hang"
