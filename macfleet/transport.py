@@ -198,6 +198,9 @@ class Channel:
         collective's first message, or ``read_answers`` at shutdown), not now: a source waiting
         for it heard nothing for the whole transfer, and the launcher's stall check took it for
         a stuck rank."""
+        # Those already here first: a script that only broadcasts from this rank piles none up
+        while self._answers and self._read_answer(wait=False):
+            pass
         self._answers.append((self._op, meta))
 
     def answers_due(self) -> list[int]:
@@ -206,22 +209,33 @@ class Channel:
 
     def read_answers(self) -> None:
         while self._answers:
-            op, meta = self._answers[0]
-            self._receive(op, 0, 0, meta)
-            self.pull.recv(copy=False)  # its empty payload
-            self._answers.popleft()
+            self._read_answer()
+
+    def _read_answer(self, wait: bool = True) -> bool:
+        op, meta = self._answers[0]
+        if self._receive(op, 0, 0, meta, wait) is None:
+            return False
+        self.pull.recv(copy=False)  # its empty payload
+        self._answers.popleft()
+        return True
 
     def recv_header(self, nbytes: int, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """Wait for the next message of this op's schedule; its payload frame is left unread."""
         self.read_answers()
         fields = self._receive(self._op, self._seq_in, nbytes, meta)
+        assert fields is not None
         self._seq_in += 1
         return fields
 
-    def _receive(self, op: int, seq: int, nbytes: int, meta: dict[str, Any] | None) -> dict[str, Any]:
-        """The header of message ``seq`` of op ``op``; anything else that comes first is dropped."""
+    def _receive(self, op: int, seq: int, nbytes: int, meta: dict[str, Any] | None,
+                 wait: bool = True) -> dict[str, Any] | None:
+        """The header of message ``seq`` of op ``op``; anything else that comes first is dropped.
+        Without ``wait``, None where no message is here."""
         while True:
-            self._wait(self.pull, zmq.POLLIN, "receive from", self.prev_rank)
+            if wait:
+                self._wait(self.pull, zmq.POLLIN, "receive from", self.prev_rank)
+            elif not self.pull.poll(0, zmq.POLLIN):
+                return None
             frames = [self.pull.recv(copy=False)]
             while self.pull.getsockopt(zmq.RCVMORE) and len(frames) < 2:
                 frames.append(self.pull.recv(copy=False))
