@@ -318,8 +318,9 @@ def _last_answers(rt: Runtime) -> ProtocolError | None:
         return None
     due = min((op for ring in collectives.rings for op in ring.answers_due()), default=0)
     try:
-        for ring in collectives.rings:
-            ring.read_answers()
+        with collectives.waiting():  # for the others, as in a collective (the pace line's shares)
+            for ring in collectives.rings:
+                ring.read_answers()
     except ProtocolError as exc:
         collectives.history.failed_in = due  # the broadcast it is about, in the report's list
         return exc

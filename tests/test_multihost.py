@@ -83,10 +83,13 @@ def test_a_long_exchange_over_a_slow_link_is_not_a_stall(netns_hosts) -> None:
     """48 MiB take about 4 s at 100 Mbit/s, far over the 1 s stall timeout, with data arriving
     all along: the stall report used to name rank 0 ("made no progress") and abort the job at
     2 s, as it would a big model's first broadcast over Wi-Fi at the default 60 s. Nor may the
-    launcher stay silent all that time."""
+    launcher stay silent all that time. Rank 0, its script over, waits for its data to reach
+    rank 1 as rank 1 waits to receive it: the pace line used to name rank 0 as the slow Mac,
+    where the link sets the pace."""
     job = broadcast_over_a_slow_link(netns_hosts, 48 << 20, stall_timeout_s=1)
     assert job.code == 0, job.output
     assert "received every byte" in job.stdout and "stall" not in job.stderr, job.output
+    assert "macfleet: communication sets the pace" in job.stderr, job.stderr
     # a silent terminal looks like a hang: the launcher says what goes on, once a stall timeout
     notes = re.findall(r"^macfleet: rank 1 has been in broadcast \(op 1\) for (\d+) s, and data keeps arriving",
                        job.stderr, re.M)
