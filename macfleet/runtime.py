@@ -356,9 +356,12 @@ def _close_data_plane(rt: Runtime) -> None:
         flushed.set()
 
     threading.Thread(target=term, name="macfleet-flush", daemon=True).start()
-    while not flushed.wait(0.05):
-        if control is None or control.liveness.reason is not None:
-            return  # the job is going down: what is left matters to nobody
+    # for the network, as in a collective: over a slow link this is a rank's last seconds, which
+    # the pace line took for the rank's own work
+    with collectives.waiting() if collectives is not None else nullcontext():
+        while not flushed.wait(0.05):
+            if control is None or control.liveness.reason is not None:
+                return  # the job is going down: what is left matters to nobody
 
 
 class _ControlThread(threading.Thread):

@@ -55,17 +55,19 @@ def test_mnist_across_hosts_matches_the_single_host_run(sshd, tmp_path) -> None:
             assert torch.allclose(got[name], want[name], atol=tolerance, rtol=0), (layout, env, name)
 
 
-def broadcast_over_a_slow_link(netns_hosts, nbytes: int, stall_timeout_s: float) -> Job:
-    """Two hosts joined by a 100 Mbit/s link (Wi-Fi speed): rank 0 broadcasts ``nbytes`` and its
-    script ends at once (``last_send.py``)."""
+def broadcast_over_a_slow_link(netns_hosts, nbytes: int, stall_timeout_s: float, first_slots: int = 1,
+                               env: dict[str, str] | None = None) -> Job:
+    """Two hosts joined by a 100 Mbit/s link (Wi-Fi speed), ``first_slots`` ranks on the first:
+    rank 0 broadcasts ``nbytes`` and its script ends at once (``last_send.py``)."""
     import netns
 
     hosts, server = netns_hosts
     try:
         for host in hosts:
             netns.set_rate(host, "100mbit")
-        return run_launch("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:1", *server.launch_options(),
-                          "--stall-timeout", str(stall_timeout_s), str(BIN / "last_send.py"), str(nbytes), timeout=90)
+        return run_launch("--hosts", f"{hosts[0].addr}:{first_slots},{hosts[1].addr}:1", *server.launch_options(),
+                          "--stall-timeout", str(stall_timeout_s), str(BIN / "last_send.py"), str(nbytes), timeout=90,
+                          env=env)
     finally:
         for host in hosts:
             netns.set_rate(host, None)
@@ -94,6 +96,17 @@ def test_a_long_exchange_over_a_slow_link_is_not_a_stall(netns_hosts) -> None:
     notes = re.findall(r"^macfleet: rank 1 has been in broadcast \(op 1\) for (\d+) s, and data keeps arriving",
                        job.stderr, re.M)
     assert len(notes) >= 2 and notes == sorted(notes, key=int), job.stderr
+
+
+def test_a_rank_that_passes_a_broadcast_on_over_a_slow_link_does_not_set_the_pace(netns_hosts) -> None:
+    """Over sockets alone, ranks 0 and 1 on the first host and rank 2 on the second: rank 1 gets
+    the data at once and passes it on over the slow link, and its script ends while most of it is
+    still queued. Delivering it took rank 1's last seconds, and the pace line named rank 1 the
+    slow Mac, where the link sets the pace."""
+    job = broadcast_over_a_slow_link(netns_hosts, 24 << 20, stall_timeout_s=5, first_slots=2,
+                                     env={"MACFLEET_SHM": "0"})
+    assert job.code == 0 and job.stdout.count("received every byte") == 2, job.output
+    assert "macfleet: communication sets the pace" in job.stderr, job.stderr
 
 
 def test_the_torch_store_says_nothing_about_hosts_without_dns_names(netns_hosts) -> None:
