@@ -30,8 +30,8 @@ from macfleet import protocol
 from macfleet.collectives import SMALL_BYTES, ZERO_COPY_BYTES, Collectives
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
-from macfleet.history import History
 from macfleet.errors import ConfigError, MacfleetError, ProtocolError, RendezvousError
+from macfleet.history import History
 from macfleet.shm import LocalGroup, default_slot_bytes
 from macfleet.transport import Liveness, Ring
 
