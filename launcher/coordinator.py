@@ -281,13 +281,6 @@ class Coordinator:
                               for r, w in sorted(waiting.items()))
             reason = (f"the ranks are in different collectives ({where}): every rank must call the same "
                       f"collectives in the same order")
-        elif len({w.get("root") for w in waiting.values()}) > 1:
-            # Over sockets, ranks that each take another rank for a broadcast's source all
-            # receive, and nothing is ever sent (through shared memory their signatures differ)
-            op = next(iter(waiting.values()))
-            sources = ", ".join(f"rank {r} from rank {w.get('root')}" for r, w in sorted(waiting.items()))
-            reason = (f"the ranks name different sources for broadcast (op {op.get('id')}): {sources}; every rank "
-                      f"must name the same source")
         else:
             op = next(iter(waiting.values()))
             reason = (f"every rank has waited over {self.stall_timeout_s:.0f} s in {op.get('op')} (op {op.get('id')}): "
@@ -482,8 +475,31 @@ class Coordinator:
                 self.fail(Failure(time.time(), f"{who} sent no heartbeat for {self.heartbeat_timeout_s:.0f} s "
                                                f"({cause}){self._who_waits(waiting)}", rank))
         self._check_left_behind()
+        self._check_sources(now)
         self._check_joining()
         self._check_stalls()
+
+    def _check_sources(self, now: float) -> None:
+        """Ranks in one broadcast that name different sources. Over sockets, where each takes
+        another rank for the source, every one of them waits to receive and nothing is ever sent:
+        the stall report named it after twice the stall timeout, as "messages are not getting
+        through (network?)". (A rank that takes itself for the source hears from the answer,
+        ``Channel.expect_answer``; through shared memory the signatures differ.) Each rank's beat
+        says which source it took: two that differ in one collective fail the job at once."""
+        if self.aborted is not None:
+            return
+        sources: dict[Any, dict[int, int]] = {}  # op -> rank -> the source it took
+        for rank, st in self.status.items():
+            waiting = st.get("waiting") or {}
+            if isinstance(waiting.get("root"), int) and rank not in self.exits and \
+                    now - st["at"] < 2 * protocol.HEARTBEAT_S:
+                sources.setdefault(waiting.get("id"), {})[rank] = waiting["root"]
+        for op, took in sources.items():
+            if len(set(took.values())) > 1:
+                named = ", ".join(f"rank {r} from rank {s}" for r, s in sorted(took.items()))
+                self.fail(Failure(time.time(), f"the ranks name different sources for broadcast (op {op}): {named}; "
+                                               f"every rank must name the same source"))
+                return
 
     def _check_joining(self) -> None:
         """Ranks that called macfleet.init() wait there for every other rank (the rendezvous
