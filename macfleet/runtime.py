@@ -25,8 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 import zmq
 
-from macfleet import backends, errorfile, hostops, knobs, segments
-from macfleet import protocol
+from macfleet import backends, errorfile, hostops, knobs, protocol, segments
 from macfleet.collectives import SMALL_BYTES, ZERO_COPY_BYTES, Collectives
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
