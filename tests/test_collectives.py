@@ -130,6 +130,17 @@ def test_tensors_that_require_grad_are_reduced_in_place(tmp_path, path: str) -> 
     ], env)
 
 
+def test_broadcasts_over_sockets_in_uneven_pieces_are_exact(tmp_path) -> None:
+    """A broadcast between Macs goes in pieces of a sixteenth of the tensor (256 KiB at least,
+    the chunk size at most): tensors that their pieces do not divide, from every source, with
+    the default chunk (the tiny-chunk paths above cut every broadcast at the chunk size)."""
+    run_cases(tmp_path, 3, [
+        {"kind": "broadcast", "dtype": dtype, "numel": numel, "seed": seed, "op": "sum", "src": seed % 3}
+        for seed, (dtype, numel) in enumerate([("float32", 1_500_007), ("float64", 70_001), ("int8", 5_000_001),
+                                               ("float32", 1_500_007), ("float16", 65_537), ("float32", 1_500_007)])
+    ], TCP)
+
+
 @settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case_list=st.lists(cases(), min_size=12, max_size=24))
 def test_hierarchical_all_reduce_across_hosts_is_exact(sshd, tmp_path, case_list: list[dict]) -> None:
