@@ -37,6 +37,13 @@ def cases(draw: st.DrawFn) -> dict:
     }
 
 
+# One job per path, of 24 to 40 cases, drawn varied: hypothesis draws the simplest example
+# first (12 empty float32 all-reduces), which as one of two examples spent a job per path, about
+# 40 s of the suite, on nothing the other cases do not cover.
+VARIED_CASE_LISTS = st.lists(cases(), min_size=24, max_size=40).filter(
+    lambda case_list: len({(case["kind"], case["dtype"]) for case in case_list}) >= 8)
+
+
 def run_cases(tmp_path, world: int, case_list: list[dict], env: dict[str, str] | None = None,
               hosts: list[str] | None = None) -> Job:
     for case in case_list:
@@ -80,8 +87,8 @@ PATHS = {
 
 
 @pytest.mark.parametrize("path", list(PATHS))
-@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(case_list=st.lists(cases(), min_size=12, max_size=24))
+@settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case_list=VARIED_CASE_LISTS)
 def test_collectives_are_exact(tmp_path, path: str, case_list: list[dict]) -> None:
     world, env = PATHS[path]
     run_cases(tmp_path, world, case_list, env)
@@ -141,8 +148,8 @@ def test_broadcasts_over_sockets_in_uneven_pieces_are_exact(tmp_path) -> None:
     ], TCP)
 
 
-@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(case_list=st.lists(cases(), min_size=12, max_size=24))
+@settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case_list=VARIED_CASE_LISTS)
 def test_hierarchical_all_reduce_across_hosts_is_exact(sshd, tmp_path, case_list: list[dict]) -> None:
     """Shared memory inside each "host", a ring of host leaders between them (uneven slots)."""
     run_cases(tmp_path, 5, case_list, {"MACFLEET_SHM_SLOT_BYTES": "8192", "MACFLEET_SMALL_BYTES": "128"},
