@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import click
 
-from macfleet import knobs
+from macfleet import knobs, openfiles
 from macfleet.env import DEVICES
 from macfleet.launcher.hosts import Host, data_addresses, parse_hostfile, parse_hosts
 from macfleet.launcher.launch import LaunchConfig, run_with_restarts
@@ -89,6 +89,10 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--hostfile" if hostfile else "--hosts") from None
     total = sum(h.slots for h in host_list)
+    needed = openfiles.launcher_needs(total, len(host_list))
+    limit = openfiles.ensure(needed)  # each host's agent sees to its own
+    if limit is not None:
+        raise click.UsageError(openfiles.shortfall("the launcher", total, needed, limit))
     if nproc is not None and (hosts or hostfile) and host_list == given and nproc not in (1, total):
         # Horovod's -np is a total, ours the slots of the hosts given without any: a silent no-op
         raise click.UsageError(f"--nproc {nproc} gives the slots of hosts listed without any, and every host "

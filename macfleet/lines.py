@@ -28,15 +28,20 @@ def pieces(fd: int, settle_s: float = SETTLE_S, ended: int | None = None) -> Ite
     off; the first time ``ended`` is readable and ``fd`` has nothing more, an empty piece says
     that all the writer wrote has been yielded (its unfinished line too, at once)."""
     pending = b""
-    watch = [fd] if ended is None else [fd, ended]
+    # poll, not select: select refuses descriptors from 1024 on (FD_SETSIZE), which an agent of
+    # 150-odd ranks reaches; its pump threads died and the ranks' output was lost.
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if ended is not None:
+        poller.register(ended, select.POLLIN)
     while True:
-        ready = select.select(watch, [], [], settle_s if pending else None)[0]
+        ready = [f for f, _ in poller.poll(settle_s * 1000 if pending else None)]
         if not ready:
             yield pending  # quiet: show the unfinished line (a progress bar) as it is
             pending = b""
             continue
         if fd not in ready:  # the writer has exited, and every byte it wrote has been read
-            watch = [fd]
+            poller.unregister(ended)
             if pending:
                 yield pending
                 pending = b""

@@ -256,6 +256,30 @@ def test_a_data_address_that_is_not_this_machine_s_is_named_not_a_traceback(tmp_
     assert job.code == 2 and "--data-addr: mini1.local is not an IP address" in job.stderr, job.output
 
 
+# Runs a command under a limit on open files (soft, hard): ``ulimit -n`` in the shell of a Mac.
+UNDER_LIMIT = [sys.executable, "-c", "import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, "
+               "(int(sys.argv[1]), int(sys.argv[2]))); os.execvp(sys.argv[3], sys.argv[3:])"]
+
+
+def test_a_limit_on_open_files_is_raised_for_the_ranks_or_named_before_they_start() -> None:
+    """A Mac's shell allows 256 open files, and an agent holds about seven for each of its
+    ranks: past the limit it failed to start the next rank with a traceback (EMFILE). Under a
+    hard limit that allows it the soft limit is raised; under one that does not, the agent or
+    the launcher refuses the job before any rank starts, with the numbers."""
+    job = run_launch("--nproc", "4", BEHAVE, "-1", "none", prefix=[*UNDER_LIMIT, "32", "4096"], timeout=60)
+    assert job.code == 0 and job.stdout.count("finished") == 4, job.output
+    job = run_launch("--nproc", "4", BEHAVE, "-1", "none", prefix=[*UNDER_LIMIT, "40", "40"], timeout=60)
+    assert job.code != 0 and "ready" not in job.stdout, job.output
+    root = job.stderr[job.stderr.index("root cause"):]
+    assert re.search(r"macfleet agent on localhost: it needs about \d+ open files for 4 ranks, and the limit on "
+                     r"open files is 40, which only an administrator can raise", root), root
+    assert "Traceback" not in job.stderr, job.stderr
+    job = run_launch("--nproc", "40", BEHAVE, "-1", "none", prefix=[*UNDER_LIMIT, "40", "40"], timeout=60)
+    assert job.code == 2 and "ready" not in job.stdout, job.output
+    assert re.search(r"the launcher needs about \d+ open files for 40 ranks, and the limit on open files is 40",
+                     job.stderr), job.stderr
+
+
 def test_an_agent_given_a_spec_of_another_macfleet_says_so_not_a_traceback() -> None:
     """A Mac upgraded and another not: the launcher's job spec has a field this agent does not
     know (here data_addr, which this version calls data_addrs). The agent died with a TypeError

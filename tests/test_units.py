@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import pty
+import resource
 import shutil
 import struct
 import subprocess
@@ -445,6 +446,26 @@ def test_a_line_with_no_end_is_forwarded_in_bounded_pieces() -> None:
     os.close(read)
     assert b"".join(got) == data
     assert max(len(piece) for piece in got) < LONGEST + 65536  # one read past the bound at most
+
+def test_output_on_a_descriptor_above_1024_is_forwarded() -> None:
+    """An agent of 150-odd ranks holds descriptors from 1024 on, which select() refuses: its
+    pump threads died with ValueError and the ranks' output was lost."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048 and (hard == resource.RLIM_INFINITY or hard >= 2048):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+    elif soft < 2048:
+        pytest.skip(f"this user may not open 2048 files (hard limit {hard})")
+    read, write = os.pipe()
+    high = os.dup2(read, 1500)
+    os.close(read)
+    os.write(write, b"loss 0.1\nloss 0.05\n")
+    os.close(write)
+    try:
+        assert list(pieces(high)) == [b"loss 0.1\n", b"loss 0.05\n"]
+    finally:
+        os.close(high)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
 
 def test_the_stdin_relay_passes_on_what_is_read_then_the_end() -> None:
     read, write = os.pipe()

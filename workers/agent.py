@@ -32,7 +32,7 @@ from typing import IO
 
 import zmq
 
-from macfleet import netaddr, protocol, segments
+from macfleet import netaddr, openfiles, protocol, segments
 from macfleet.control import ControlClient
 from macfleet.lines import WholeLines, ends_line, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
@@ -137,6 +137,15 @@ def data_addresses(spec: AgentSpec, networks: list[netaddr.Network]) -> list[str
         if own is not None and own not in addrs:
             addrs.append(own)
     return addrs
+
+
+def check_open_files(spec: AgentSpec) -> None:
+    """Raises ``ValueError`` where this host's ranks need more open files than this user may have
+    (the soft limit is raised to what they need where it is lower)."""
+    needed = openfiles.agent_needs(spec.slots)
+    limit = openfiles.ensure(needed)
+    if limit is not None:
+        raise ValueError(openfiles.shortfall("it", spec.slots, needed, limit))
 
 
 def stacks_file(error_file: str) -> str:
@@ -264,6 +273,7 @@ class Agent:
         networks = [net for _, net in held]
         try:
             self.data_addrs = data_addresses(self.spec, networks)
+            check_open_files(self.spec)
             self.logs = open_logs(self.spec)
         except (ValueError, OSError) as exc:
             print(f"macfleet agent on {self.spec.host}: {exc}", file=sys.stderr, flush=True)
