@@ -138,18 +138,12 @@ class Collectives:
                    compression: str = "none") -> torch.Tensor:
         """``compression`` (``fp16``, ``bf16``) casts what crosses the network only; the
         reduction itself stays float32 on the host."""
+        check_all_reduce(tensor, op, name, compression)
         if _made_of_numbers(tensor):
             numbers, op = _as_numbers(tensor, name, op)
             self.all_reduce(numbers, op, name, compression)
             return tensor
-        self._check(tensor, name)
         data = _outside_autograd(tensor)
-        if compression not in WIRE_DTYPES:
-            raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
-        if op not in REDUCE_OPS:
-            raise ConfigError(f"all_reduce op {op!r}: choose one of {', '.join(REDUCE_OPS)}")
-        if op == "avg" and not tensor.dtype.is_floating_point:
-            raise ConfigError(f"all_reduce op 'avg' needs a floating-point tensor; {name} is {tensor.dtype}")
         work_dtype = WORK_DTYPE.get(tensor.dtype, tensor.dtype)
         numel = tensor.numel()
         with self._collective("all_reduce", numel * work_dtype.itemsize, tensor, op) as op_id:
@@ -182,13 +176,11 @@ class Collectives:
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch.Tensor:
+        check_broadcast(tensor, src, self.world, name)
         if _made_of_numbers(tensor):
             self.broadcast(_as_numbers(tensor, name)[0], src, name)
             return tensor
-        self._check(tensor, name)
         data = _outside_autograd(tensor)
-        if not 0 <= src < self.world:
-            raise ConfigError(f"broadcast src={src} is not a rank of this job (world size {self.world})")
         with self._collective("broadcast", tensor.numel() * tensor.element_size(), tensor, root=src) as op_id:
             if tensor.numel() == 0:
                 return tensor
@@ -207,10 +199,10 @@ class Collectives:
 
     def all_gather(self, tensor: torch.Tensor, name: str = "tensor") -> torch.Tensor:
         """Every rank's tensor, stacked: a new tensor of shape ``(world, *tensor.shape)``."""
+        check_all_gather(tensor, name)
         if _made_of_numbers(tensor):
             gathered = self.all_gather(_as_numbers(tensor, name)[0], name)
             return gathered.view(torch.bool) if tensor.dtype == torch.bool else torch.view_as_complex(gathered)
-        self._check(tensor, name)
         out = torch.empty((self.world, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
         with self._collective("all_gather", self.world * tensor.numel() * tensor.element_size(), tensor) as op_id:
             if tensor.numel() == 0:
@@ -620,12 +612,47 @@ class Collectives:
     def _chunk_elems(self, t: torch.Tensor) -> int:
         return max(1, self.chunk_bytes // t.element_size())
 
-    def _check(self, tensor: torch.Tensor, name: str) -> None:
-        if not isinstance(tensor, torch.Tensor):
-            raise ConfigError(f"{name} must be a torch.Tensor, not {type(tensor).__name__}")
-        check_tensor(tensor, name)
-        if tensor.dtype not in SUPPORTED:
-            raise ConfigError(f"{name} has dtype {tensor.dtype}, which macfleet collectives do not support")
+
+
+# -- what a collective's arguments must be --------------------------------------------------
+# Checked before anything is sent, by every rank, and alike in a job of one (plain ``python
+# train.py``), so that a script refused under the launcher is refused without it too.
+def check_all_reduce(tensor: torch.Tensor, op: str, name: str, compression: str) -> None:
+    numbers, op = _numbers_to_check(tensor, name, op)
+    if compression not in WIRE_DTYPES:
+        raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
+    if op not in REDUCE_OPS:
+        raise ConfigError(f"all_reduce op {op!r}: choose one of {', '.join(REDUCE_OPS)}")
+    if op == "avg" and not numbers.dtype.is_floating_point:
+        raise ConfigError(f"all_reduce op 'avg' needs a floating-point tensor; {name} is {tensor.dtype}")
+
+
+def check_broadcast(tensor: torch.Tensor, src: int, world: int, name: str) -> None:
+    _numbers_to_check(tensor, name)
+    if not 0 <= src < world:
+        raise ConfigError(f"broadcast src={src} is not a rank of this job (world size {world})")
+
+
+def check_all_gather(tensor: torch.Tensor, name: str) -> None:
+    _numbers_to_check(tensor, name)
+
+
+def _numbers_to_check(tensor: object, name: str, op: str = "sum") -> tuple[torch.Tensor, str]:
+    """The numbers a collective would move for ``tensor`` (a bool or complex tensor's are a view
+    of another dtype) and the op it would reduce them with, once ``tensor`` has been found a
+    dense tensor that a collective takes."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ConfigError(f"{name} must be a torch.Tensor, not {type(tensor).__name__}")
+    if tensor.layout != torch.strided:  # torch's own error came from deep inside: "reshape is not implemented"
+        raise ConfigError(f"{name} is a {tensor.layout} tensor, and macfleet collectives take dense ones: "
+                          f"give {name}.to_dense()")
+    if tensor.device.type == "meta":
+        raise ConfigError(f"{name} is on the meta device, which holds no data")
+    check_tensor(tensor, name)
+    numbers, op = _as_numbers(tensor, name, op) if _made_of_numbers(tensor) else (tensor, op)
+    if numbers.dtype not in SUPPORTED:
+        raise ConfigError(f"{name} has dtype {tensor.dtype}, which macfleet collectives do not support")
+    return numbers, op
 
 
 def host_memory(tensor: torch.Tensor) -> memoryview:

@@ -26,7 +26,8 @@ import torch
 import zmq
 
 from macfleet import backends, errorfile, hostops, knobs, protocol, segments
-from macfleet.collectives import SMALL_BYTES, ZERO_COPY_BYTES, Collectives
+from macfleet.collectives import (SMALL_BYTES, ZERO_COPY_BYTES, Collectives, check_all_gather, check_all_reduce,
+                                  check_broadcast)
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
 from macfleet.errors import ConfigError, MacfleetError, ProtocolError, RendezvousError
@@ -494,7 +495,7 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", name: str = "tensor", comp
     ``compression="fp16"|"bf16"`` halves the bytes on the network (the sum is still float32)."""
     rt = runtime()
     if rt.collectives is None:
-        rt.device.check_dtype(tensor, name)
+        check_all_reduce(tensor, op, name, compression)
         return tensor
     return rt.collectives.all_reduce(tensor, op, name, compression)
 
@@ -513,6 +514,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch
     """Overwrite ``tensor`` on every rank with rank ``src``'s, in place, and return it."""
     rt = runtime()
     if rt.collectives is None:
+        check_broadcast(tensor, src, 1, name)
         return tensor
     return rt.collectives.broadcast(tensor, src, name)
 
@@ -521,6 +523,7 @@ def all_gather(tensor: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     """A new tensor of shape ``(world_size, *tensor.shape)`` holding every rank's ``tensor``."""
     rt = runtime()
     if rt.collectives is None:
+        check_all_gather(tensor, name)
         return tensor.unsqueeze(0).clone()
     return rt.collectives.all_gather(tensor, name)
 

@@ -7,6 +7,9 @@ cases; every rank checks every result against values it computes independently.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -216,3 +219,23 @@ def test_python_objects_are_gathered_and_broadcast(world: int) -> None:
     job = run_launch("--nproc", str(world), str(BIN / "objects.py"), timeout=90)
     assert job.code == 0, job.output
     assert job.stdout.count("objects ok") == world, job.output
+
+
+def test_arguments_refused_in_a_job_are_refused_alone_too() -> None:
+    """A script tried with plain ``python train.py`` (a job of one) before it is launched: every
+    collective returned there whatever its arguments (an op that does not exist, a sparse
+    tensor, a source that is no rank), and was refused only under the launcher. A sparse or
+    meta tensor was refused in a job with torch's own words from deep inside ("reshape is not
+    implemented for sparse tensors")."""
+    script = str(BIN / "refusals.py")
+    alone = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    job = run_launch("--nproc", "2", script, timeout=120)
+    assert alone.returncode == 0 and job.code == 0, (alone.stderr, job.output)
+    lines = [line for line in alone.stdout.splitlines() if ": " in line]
+    assert len(lines) == 11 and all(": ConfigError: " in line for line in lines), alone.stdout
+    for rank in (0, 1):
+        ours = [line.removeprefix(f"[rank {rank}] ") for line in job.stdout.splitlines()
+                if line.startswith(f"[rank {rank}] ") and ": " in line]
+        assert [re.sub(r"world size \d", "", line) for line in ours] == \
+            [re.sub(r"world size \d", "", line) for line in lines], (ours, lines)
+

@@ -1,0 +1,27 @@
+"""Collectives called with arguments they refuse, one line each: ``CASE: ErrorClass: message``
+or ``CASE: returned``. Run alone (a job of one) and under the launcher, the lines must agree."""
+
+import macfleet
+import torch
+
+macfleet.init(device="cpu")
+CASES = {
+    "sparse": lambda: macfleet.all_reduce(torch.eye(3).to_sparse()),
+    "sparse-csr": lambda: macfleet.all_gather(torch.eye(3).to_sparse_csr()),
+    "meta": lambda: macfleet.broadcast(torch.empty(3, device="meta"), 0),
+    "op": lambda: macfleet.all_reduce(torch.ones(3), op="prod"),
+    "avg-of-ints": lambda: macfleet.all_reduce(torch.ones(3, dtype=torch.int64), op="avg"),
+    "avg-of-bools": lambda: macfleet.all_reduce(torch.ones(3, dtype=torch.bool), op="avg"),
+    "max-of-complex": lambda: macfleet.all_reduce(torch.ones(3, dtype=torch.complex64), op="max"),
+    "dtype": lambda: macfleet.all_reduce(torch.ones(3, dtype=torch.uint16)),
+    "compression": lambda: macfleet.all_reduce(torch.ones(3), compression="zip"),
+    "not-a-tensor": lambda: macfleet.all_gather([1.0, 2.0]),
+    "src": lambda: macfleet.broadcast(torch.ones(3), src=-1),
+}
+for case, call in CASES.items():
+    try:
+        call()
+        print(f"{case}: returned", flush=True)
+    except Exception as exc:
+        print(f"{case}: {type(exc).__name__}: {exc}", flush=True)
+print(f"all {len(CASES)} done", flush=True)
