@@ -100,6 +100,7 @@ class Coordinator:
         self._abort_after = 0.0  # how long the waits of a stall may last before it is aborted (0: twice the timeout)
         self._busy_said = False  # whether this stall's suspects were said to be working
         self.last_ops: dict[int, int] = {}  # rank -> the last collective it drew, sent when it shut down
+        self.broken: dict[int, dict[str, Any]] = {}  # rank -> the collective it left by an exception, said at goodbye
         self.waits: dict[int, tuple[float, float]] = {}  # rank -> (seconds it waited on the others, seconds it ran)
         self.stood_by: dict[int, float] = {}  # rank -> seconds it stood by, out of batches, in DataParallel.join()
         self.speeds: dict[int, float] = {}  # rank -> its share of a step's samples per second of its work in one
@@ -205,7 +206,8 @@ class Coordinator:
             quiet = msg.get("quiet_s")
             self.status[int(sender[5:])] = {"progress": msg.get("progress"), "waiting": msg.get("waiting"),
                                             "quiet_s": float(quiet) if isinstance(quiet, (int, float)) else None,
-                                            "debugging": bool(msg.get("debugging")), "at": time.monotonic()}
+                                            "debugging": bool(msg.get("debugging")), "at": time.monotonic(),
+                                            "broken": _broken(msg.get("broken"))}
             held = any(st.get("debugging") for r, st in self.status.items() if r not in self.exits)
             if held != self._held:  # someone debugs a rank: the others' waits for it must not time out
                 self._held = held
@@ -436,6 +438,9 @@ class Coordinator:
             self.status[rank]["waiting"] = None
         if isinstance(last_op, int):
             self.last_ops[rank] = last_op
+        broken = _broken(msg.get("broken"))
+        if broken is not None:
+            self.broken[rank] = broken
         waited, ran = msg.get("waited_s"), msg.get("ran_s")
         if isinstance(waited, (int, float)) and isinstance(ran, (int, float)) and waited >= 0 and ran > 0:
             self.waits[rank] = (float(waited), float(ran))
@@ -475,6 +480,7 @@ class Coordinator:
                 self.fail(Failure(time.time(), f"{who} sent no heartbeat for {self.heartbeat_timeout_s:.0f} s "
                                                f"({cause}){self._who_waits(waiting)}", rank))
         self._check_left_behind()
+        self._check_went_on()
         self._check_sources(now)
         self._check_joining()
         self._check_stalls()
@@ -551,6 +557,17 @@ class Coordinator:
             # exited with code 0: a rank that fails says goodbye too (at exit), and its failure is the cause
             gone = sorted(r for r, last in self.last_ops.items()
                           if isinstance(op, int) and last < op and r in self.exits and self.exits[r].code == 0)
+            # or it left the collective we wait in (or an earlier one) by an exception it caught, then ended well
+            halfway = sorted(r for r, broken in self.broken.items()
+                             if isinstance(op, int) and broken["op"] <= op and r in self.exits and self.exits[r].code == 0)
+            if halfway:
+                left = self.broken[halfway[0]]
+                self.fail(Failure(time.time(), (
+                    f"rank {rank} waits in {waiting.get('op')} (op {op}) for rank {halfway[0]} "
+                    f"({self.hosts.get(halfway[0], '?')}), which left {left['what']} by an exception "
+                    f"({left['error']}) that the script caught, and then finished: a collective left halfway "
+                    f"cannot be finished; let that exception end the script"), halfway[0]))
+                return
             if gone:
                 who = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in gone)
                 self.fail(Failure(time.time(), (
@@ -559,6 +576,24 @@ class Coordinator:
                     f"and {'these' if len(gone) > 1 else 'it'} called fewer{_fewer_steps(str(waiting.get('op')))}"),
                     rank))
                 return
+
+    def _check_went_on(self) -> None:
+        """A rank that left a collective by an exception and called another: the ranks that wait
+        in the first one wait for good. Not as soon as it left: an exception that ends the script
+        ends the rank within moments, and its traceback is the better root cause."""
+        if self.aborted is not None:
+            return
+        for rank, st in sorted(self.status.items()):
+            broken = st.get("broken")
+            if broken is None or not broken["went_on"] or rank in self.exits:
+                continue
+            waiting = {r: w for r, w in self._waiting_for(time.monotonic()).items() if r != rank}
+            self.fail(Failure(time.time(), (
+                f"rank {rank} ({self.hosts.get(rank, '?')}) left {broken['what']} by an exception "
+                f"({broken['error']}) that the script caught, and went on to another collective: a collective "
+                f"left halfway cannot be finished{self._who_waits(waiting)}; let that exception end the script"),
+                rank))
+            return
 
     # -- going down -------------------------------------------------------------------------
     def fail(self, failure: Failure) -> None:
@@ -607,6 +642,14 @@ class Coordinator:
 
 def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
+
+
+def _broken(value: object) -> dict[str, Any] | None:
+    """A rank's word that it left a collective by an exception (``Collectives.broken``), if whole."""
+    if not isinstance(value, dict) or not isinstance(value.get("op"), int):
+        return None
+    return {"op": value["op"], "what": str(value.get("what", "")), "error": str(value.get("error", ""))[:300],
+            "went_on": bool(value.get("went_on"))}
 
 
 def _fewer_steps(op: str) -> str:

@@ -30,7 +30,7 @@ import torch
 
 from macfleet import hostops, protocol
 from macfleet.backends import check_tensor
-from macfleet.errors import ConfigError
+from macfleet.errors import ConfigError, JobAborted, PeerLost, ProtocolError
 from macfleet.history import History, call_site, where
 from macfleet.shm import LocalGroup, Signature, split_evenly
 from macfleet.transport import Channel, Liveness, Ring
@@ -124,6 +124,10 @@ class Collectives:
         # (collective, op id, since, caller's line, a broadcast's source or -1)
         self.current: tuple[str, int, float, tuple[str, int], int] | None = None
         self.history = History()  # the last collectives, for the report of ranks that disagree
+        # The collective this rank left by an exception, halfway for all it knows: the others may
+        # wait in it for data that will never come, and its sockets may hold part of it. Nothing
+        # can follow it (``_collective``); the heartbeat and the goodbye tell the launcher.
+        self.broken: dict | None = None
         self.last_algorithm = ""  # which path the last all_reduce took (for benchmarks)
         self._op = 0
         self._lock = threading.Lock()  # collectives are issued one at a time, in the same order everywhere
@@ -549,6 +553,12 @@ class Collectives:
         (the coordinator's stall report names who waits on whom) and to this host's other ranks
         (``LocalGroup.announce``: ranks in different collectives fail instead of mixing bytes).
         A small one (``nbytes``) does its arithmetic on this thread alone."""
+        if self.broken is not None:
+            self.broken["went_on"] = True  # the launcher stops the ranks that wait in it (its next beat)
+            raise ProtocolError(
+                f"this rank left {self.broken['what']} by an exception ({self.broken['error']}), and a "
+                f"collective left halfway cannot be finished: the other ranks wait in it, and no later "
+                f"collective would line up with theirs. Let that exception end the script")
         if self.ahead is not None and not getattr(self._thread, "background", False):
             self.ahead()
         since = self._start_waiting()  # inline, not self.waiting(): a generator costs 1-2 us a collective
@@ -564,8 +574,11 @@ class Collectives:
                 self.current = (f"{kind} from {caller}" if caller else kind, op_id, time.monotonic(), site, root)
                 try:
                     yield op_id
-                except BaseException:
+                except BaseException as exc:
                     self.history.failed_in = op_id
+                    if not isinstance(exc, (JobAborted, PeerLost)):  # those end the job anyway
+                        self.broken = {"op": op_id, "what": f"{kind} (op {op_id})", "went_on": False,
+                                       "error": f"{type(exc).__name__}: {exc}"[:300]}
                     raise
                 finally:
                     self.current = None
@@ -583,6 +596,8 @@ class Collectives:
                                  "at": where(*current[3])}
             if current[4] >= 0:  # ranks that wait in one broadcast, each for another source, wait for ever
                 status["waiting"]["root"] = current[4]
+        if self.broken is not None:
+            status["broken"] = dict(self.broken)
         return status
 
     @property

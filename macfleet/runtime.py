@@ -299,7 +299,7 @@ def shutdown() -> None:
         if c is not None:  # how much of its time it waited, and how fast it trained, for the launcher's pace line
             bye = {"last_op": c.last_op, "waited_s": c.waited_s, "ran_s": time.monotonic() - c.started - c.stood_by_s,
                    "step_s": statistics.median(c.step_work_s) if c.step_work_s else None,
-                   "share": c.step_share, "stood_by_s": c.stood_by_s}
+                   "share": c.step_share, "stood_by_s": c.stood_by_s, "broken": c.broken}
         rt.control.outbox.put((protocol.BYE, bye))
         rt.control.stop()
     rt.ctx.destroy(linger=0)
