@@ -628,7 +628,6 @@ class Collectives:
         return max(1, self.chunk_bytes // t.element_size())
 
 
-
 # -- what a collective's arguments must be --------------------------------------------------
 # Checked before anything is sent, by every rank, and alike in a job of one (plain ``python
 # train.py``), so that a script refused under the launcher is refused without it too.
