@@ -6,11 +6,12 @@ shown in ``--help``). User mistakes are one-line usage errors, never tracebacks.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import shutil
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import click
 
@@ -178,6 +179,8 @@ def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, me
             raise click.BadParameter(f"{script!r} is not a module name like mypackage.train", param_hint="-m")
         script, script_args = "-m", (script, *script_args)
     else:
+        if script.startswith("-") and not os.path.exists(script):  # an option mistyped before SCRIPT
+            _no_such_option(script)
         script = _find_script(script, hosts.get("cwd"))
     cfg = make_config(script, list(script_args), device=device, seed=seed,
                       memory_fraction=memory_fraction, heartbeat_timeout_s=heartbeat_timeout,
@@ -203,6 +206,15 @@ def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, me
 def in_home(path: str | None) -> bool:
     """Whether ``path`` is given relative to a home directory (``~/proj``): each host's own."""
     return path is not None and (path == "~" or path.startswith("~/"))
+
+
+def _no_such_option(given: str) -> NoReturn:
+    """``--nprocs 2 train.py``: the unknown option reached us as SCRIPT (unknown options pass on
+    to the script, after it), and was "no such file: --nprocs". Say what click says elsewhere."""
+    ctx = click.get_current_context()
+    name = given.split("=", 1)[0]
+    known = [opt for param in ctx.command.params for opt in param.opts if opt.startswith("-")]
+    raise click.NoSuchOption(name, possibilities=difflib.get_close_matches(name, known), ctx=ctx)
 
 
 def _find_script(script: str, cwd: str | None) -> str:

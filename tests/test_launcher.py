@@ -299,6 +299,15 @@ def test_a_missing_script_is_a_one_line_error(tmp_path) -> None:
     assert "no such file" in job.stderr and "Traceback" not in job.stderr
 
 
+def test_a_mistyped_option_is_named_as_an_option_not_a_missing_script() -> None:
+    """Unknown options pass on to the script, after it; one before it (``--nprocs 2``) was taken
+    for the script: "no such file: --nprocs"."""
+    for typed, meant in (("--nprocs", "Did you mean '--nproc'?"), ("--host", "'--hosts'")):
+        job = run_launch(typed, "2", BEHAVE, "-1", "none")
+        assert job.code == 2 and f"No such option '{typed}'" in job.stderr and meant in job.stderr, job.stderr
+        assert "no such file" not in job.stderr and "[rank" not in job.stdout, job.output
+
+
 def test_a_module_runs_as_python_m_runs_it(tmp_path) -> None:
     """``-m pkg.mod`` as with torchrun and python: the module is found from --cwd and runs as
     __main__ with the arguments that follow; one that is not there is named in one line."""
