@@ -101,6 +101,7 @@ class Coordinator:
         self._busy_said = False  # whether this stall's suspects were said to be working
         self.last_ops: dict[int, int] = {}  # rank -> the last collective it drew, sent when it shut down
         self.broken: dict[int, dict[str, Any]] = {}  # rank -> the collective it left by an exception, said at goodbye
+        self._went_on_at: dict[int, float] = {}  # rank -> when a beat first said it went on from such a collective
         self.waits: dict[int, tuple[float, float]] = {}  # rank -> (seconds it waited on the others, seconds it ran)
         self.stood_by: dict[int, float] = {}  # rank -> seconds it stood by, out of batches, in DataParallel.join()
         self.speeds: dict[int, float] = {}  # rank -> its share of a step's samples per second of its work in one
@@ -578,21 +579,31 @@ class Coordinator:
                 return
 
     def _check_went_on(self) -> None:
-        """A rank that left a collective by an exception and called another: the ranks that wait
-        in the first one wait for good. Not as soon as it left: an exception that ends the script
-        ends the rank within moments, and its traceback is the better root cause."""
+        """A rank that left a collective by an exception and went on: the ranks that wait in that
+        collective wait for good. Not as soon as it left: an exception that ends the script ends
+        the rank within moments (after its ``finally`` blocks), and its traceback is the better
+        root cause. So once it calls another collective, or once the others have waited in theirs
+        for a stall timeout (the stall report would call it working, and let them wait on)."""
         if self.aborted is not None:
             return
+        now = time.monotonic()
         for rank, st in sorted(self.status.items()):
             broken = st.get("broken")
-            if broken is None or not broken["went_on"] or rank in self.exits:
+            if broken is None or rank in self.exits:
                 continue
-            waiting = {r: w for r, w in self._waiting_for(time.monotonic()).items() if r != rank}
+            waiting = {r: w for r, w in self._waiting_for(now).items() if r != rank}
+            if broken["went_on"]:
+                seen = self._went_on_at.setdefault(rank, now)
+                if not waiting and now - seen < 2 * protocol.HEARTBEAT_S:
+                    continue  # the beats that say who waits in it may still be on their way
+            elif self.stall_timeout_s <= 0 or not any(
+                    self._waited(self.status[r], now) > self.stall_timeout_s for r in waiting):
+                continue
+            after = "went on to another collective" if broken["went_on"] else "works on without it"
             self.fail(Failure(time.time(), (
                 f"rank {rank} ({self.hosts.get(rank, '?')}) left {broken['what']} by an exception "
-                f"({broken['error']}) that the script caught, and went on to another collective: a collective "
-                f"left halfway cannot be finished{self._who_waits(waiting)}; let that exception end the script"),
-                rank))
+                f"({broken['error']}) that the script caught, and {after}: a collective left halfway cannot be "
+                f"finished{self._who_waits(waiting)}; let that exception end the script"), rank))
             return
 
     # -- going down -------------------------------------------------------------------------

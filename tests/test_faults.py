@@ -284,14 +284,16 @@ def test_ranks_waiting_for_a_late_one_to_join_say_so_and_where_it_is() -> None:
     assert f'behave.py", line {line}' in stacks, stacks
 
 
-@pytest.mark.parametrize("mode", ["went-on", "finished"])
+@pytest.mark.parametrize("mode", ["went-on", "works-on", "finished"])
 def test_a_rank_that_catches_an_exception_from_inside_a_collective_and_goes_on_is_named(mode: str) -> None:
     """Rank 0, the source of a broadcast, leaves it by an exception that it catches (a device
     error while its tensor is staged: the pattern that skips a batch on "out of memory"), while
     rank 1 waits in it for data that never comes. Rank 0 went on to another collective, whose
-    bytes met rank 1's broadcast, or ended its script well; rank 1 waited for the stall timeout
-    (2 minutes), reported as "messages are not getting through (network?)"."""
-    job = run_launch("--nproc", "2", str(BIN / "halfway.py"), mode, timeout=60)
+    bytes met rank 1's broadcast; or worked on, and the stall report called it "working, not
+    stuck" and let rank 1 wait up to the 600 s collective timeout; or ended its script well,
+    and rank 1 waited for twice the stall timeout, reported as "messages are not getting
+    through (network?)"."""
+    job = run_launch("--nproc", "2", "--stall-timeout", "2", str(BIN / "halfway.py"), mode, timeout=60)
     assert job.code != 0, job.output
     assert "caught RuntimeError: the device lost this tensor" in job.stdout, job.output
     root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
@@ -300,6 +302,8 @@ def test_a_rank_that_catches_an_exception_from_inside_a_collective_and_goes_on_i
     if mode == "went-on":  # and the collective it went on to refused at once, saying why
         assert "refused: this rank left broadcast (op 1) by an exception" in job.stdout, job.output
         assert "went on to another collective" in root and "rank 1 is waiting for it in broadcast (op 1)" in root
+    elif mode == "works-on":  # once rank 1 has waited a stall timeout
+        assert "works on without it" in root and "rank 1 is waiting for it in broadcast (op 1)" in root, root
     else:
         assert "rank 1 waits in broadcast (op 1) for rank 0 (localhost)" in root and "then finished" in root, root
     assert "network" not in job.stderr, job.stderr

@@ -1,7 +1,8 @@
 """Rank 0 leaves a broadcast it is the source of by an exception that it catches: a device
 error while its tensor is staged (raised here by a tensor subclass). Rank 1 waits in that
 broadcast for good. Then, by MODE, rank 0 calls another collective, catches what it raises and
-works on (``went-on``), or ends its script well (``finished``)."""
+works on (``went-on``), works on with no collective (``works-on``), or ends its script well
+(``finished``)."""
 
 import sys
 import time
@@ -33,4 +34,8 @@ if mode == "went-on":
     except macfleet.ProtocolError as exc:
         print(f"refused: {exc}", flush=True)
     time.sleep(60)  # working on with no collective: the launcher stops it, or the test times out
+if mode == "works-on":
+    end = time.monotonic() + 60
+    while time.monotonic() < end:  # using the processor, as a rank that validates alone does
+        sum(range(10_000))
 print("finished", flush=True)
