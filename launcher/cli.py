@@ -90,10 +90,9 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--hostfile" if hostfile else "--hosts") from None
     total = sum(h.slots for h in host_list)
-    needed = openfiles.launcher_needs(total, len(host_list))
-    limit = openfiles.ensure(needed)  # each host's agent sees to its own
-    if limit is not None:
-        raise click.UsageError(openfiles.shortfall("the launcher", total, needed, limit))
+    refused = openfiles.refusal("the launcher", total, openfiles.launcher_needs(total, len(host_list)))
+    if refused is not None:  # each host's agent sees to its own
+        raise click.UsageError(refused)
     if nproc is not None and (hosts or hostfile) and host_list == given and nproc not in (1, total):
         # Horovod's -np is a total, ours the slots of the hosts given without any: a silent no-op
         raise click.UsageError(f"--nproc {nproc} gives the slots of hosts listed without any, and every host "

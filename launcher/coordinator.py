@@ -565,9 +565,8 @@ class Coordinator:
                 left = self.broken[halfway[0]]
                 self.fail(Failure(time.time(), (
                     f"rank {rank} waits in {waiting.get('op')} (op {op}) for rank {halfway[0]} "
-                    f"({self.hosts.get(halfway[0], '?')}), which left {left['what']} by an exception "
-                    f"({left['error']}) that the script caught, and then finished: a collective left halfway "
-                    f"cannot be finished; let that exception end the script"), halfway[0]))
+                    f"({self.hosts.get(halfway[0], '?')}), which {_left(left)}, and then finished: "
+                    f"{HALFWAY}; let that exception end the script"), halfway[0]))
                 return
             if gone:
                 who = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in gone)
@@ -601,9 +600,8 @@ class Coordinator:
                 continue
             after = "went on to another collective" if broken["went_on"] else "works on without it"
             self.fail(Failure(time.time(), (
-                f"rank {rank} ({self.hosts.get(rank, '?')}) left {broken['what']} by an exception "
-                f"({broken['error']}) that the script caught, and {after}: a collective left halfway cannot be "
-                f"finished{self._who_waits(waiting)}; let that exception end the script"), rank))
+                f"rank {rank} ({self.hosts.get(rank, '?')}) {_left(broken)}, and {after}: "
+                f"{HALFWAY}{self._who_waits(waiting)}; let that exception end the script"), rank))
             return
 
     # -- going down -------------------------------------------------------------------------
@@ -653,6 +651,14 @@ class Coordinator:
 
 def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
+
+
+HALFWAY = "a collective left halfway cannot be finished"
+
+
+def _left(broken: dict[str, Any]) -> str:
+    """'left broadcast (op 1) by an exception (...) that the script caught', of a ``_broken``."""
+    return f"left {broken['what']} by an exception ({broken['error']}) that the script caught"
 
 
 def _broken(value: object) -> dict[str, Any] | None:

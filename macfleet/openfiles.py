@@ -30,10 +30,10 @@ def launcher_needs(ranks: int, hosts: int) -> int:
     return LAUNCHER_BASE + LAUNCHER_PER_RANK * ranks + LAUNCHER_PER_HOST * hosts
 
 
-def ensure(needed: int) -> int | None:
+def refusal(who: str, ranks: int, needed: int) -> str | None:
     """Raise this process's soft limit on open files to ``needed`` where it is lower and the hard
-    limit allows (its children inherit it). None when the limit is enough now; else the limit
-    that stands."""
+    limit allows (its children inherit it). None when the limit is enough now; else why ``who``
+    ("the launcher", or "it" after an agent names its host) cannot start its ``ranks`` ranks."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return None
@@ -43,11 +43,5 @@ def ensure(needed: int) -> int | None:
             return None
         except (ValueError, OSError):
             pass  # macOS refuses more than kern.maxfilesperproc, even under an unlimited hard limit
-    return soft
-
-
-def shortfall(who: str, ranks: int, needed: int, limit: int) -> str:
-    """The refusal: ``who`` ("the launcher", or "it" after an agent names its host) needs ``needed`` open files for
-    ``ranks`` ranks, and ``limit`` is all it may have."""
-    return (f"{who} needs about {needed} open files for {ranks} ranks, and the limit on open files is {limit}, "
+    return (f"{who} needs about {needed} open files for {ranks} ranks, and the limit on open files is {soft}, "
             f"which only an administrator can raise (ulimit -Hn shows it): raise it, or start fewer ranks")

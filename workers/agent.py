@@ -142,10 +142,9 @@ def data_addresses(spec: AgentSpec, networks: list[netaddr.Network]) -> list[str
 def check_open_files(spec: AgentSpec) -> None:
     """Raises ``ValueError`` where this host's ranks need more open files than this user may have
     (the soft limit is raised to what they need where it is lower)."""
-    needed = openfiles.agent_needs(spec.slots)
-    limit = openfiles.ensure(needed)
-    if limit is not None:
-        raise ValueError(openfiles.shortfall("it", spec.slots, needed, limit))
+    refused = openfiles.refusal("it", spec.slots, openfiles.agent_needs(spec.slots))
+    if refused is not None:
+        raise ValueError(refused)
 
 
 def stacks_file(error_file: str) -> str:
