@@ -633,6 +633,7 @@ class Collectives:
 # train.py``), so that a script refused under the launcher is refused without it too.
 def check_all_reduce(tensor: torch.Tensor, op: str, name: str, compression: str) -> None:
     numbers, op = _numbers_to_check(tensor, name, op)
+    _check_writable(tensor, name, "all_reduce")
     if compression not in WIRE_DTYPES:
         raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
     if op not in REDUCE_OPS:
@@ -643,6 +644,7 @@ def check_all_reduce(tensor: torch.Tensor, op: str, name: str, compression: str)
 
 def check_broadcast(tensor: torch.Tensor, src: int, world: int, name: str) -> None:
     _numbers_to_check(tensor, name)
+    _check_writable(tensor, name, "broadcast")  # on the source too: every rank is refused alike
     if not 0 <= src < world:
         raise ConfigError(f"broadcast src={src} is not a rank of this job (world size {world})")
 
@@ -660,6 +662,9 @@ def _numbers_to_check(tensor: object, name: str, op: str = "sum") -> tuple[torch
     if tensor.layout != torch.strided:  # torch's own error came from deep inside: "reshape is not implemented"
         raise ConfigError(f"{name} is a {tensor.layout} tensor, and macfleet collectives take dense ones: "
                           f"give {name}.to_dense()")
+    if tensor.is_nested:  # its layout is torch.strided, and torch's error came from inside the collective
+        raise ConfigError(f"{name} is a nested tensor, and macfleet collectives take dense ones: give "
+                          f"{name}.to_padded_tensor(0), or each of {name}.unbind()")
     if tensor.device.type == "meta":
         raise ConfigError(f"{name} is on the meta device, which holds no data")
     check_tensor(tensor, name)
@@ -667,6 +672,15 @@ def _numbers_to_check(tensor: object, name: str, op: str = "sum") -> tuple[torch
     if numbers.dtype not in SUPPORTED:
         raise ConfigError(f"{name} has dtype {tensor.dtype}, which macfleet collectives do not support")
     return numbers, op
+
+
+def _check_writable(tensor: torch.Tensor, name: str, collective: str) -> None:
+    """all_reduce and broadcast write their result into the tensor. An expanded view (a stride of
+    0) has several elements in one memory location and cannot hold it: torch refused the write
+    from inside the collective, once the others were waiting in it."""
+    if any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape, strict=True)):
+        raise ConfigError(f"{name} is an expanded view (several of its elements are one memory location), and "
+                          f"{collective} writes its result into it: give {name}.clone()")
 
 
 def host_memory(tensor: torch.Tensor) -> memoryview:
@@ -682,7 +696,18 @@ def _outside_autograd(tensor: torch.Tensor) -> torch.Tensor:
     stay out of autograd, as torch.distributed's do: a parameter is reduced or broadcast in
     place, as by ``dist.broadcast(p, 0)``, rather than refused as a leaf that requires grad.
     A detached view, not ``torch.no_grad()``: grad mode is per thread, and a large tensor's ring
-    runs parts of it on pool threads (found by the hypothesis cases)."""
+    runs parts of it on pool threads (found by the hypothesis cases).
+
+    An inference tensor (made under ``torch.inference_mode()``, as evaluation metrics are) takes
+    in-place writes only inside that mode, which is per thread too: outside it, and on the pool
+    threads even inside it, torch refused them from within the collective. The collective writes
+    through a plain tensor over the same memory instead, as torch.distributed's kernels write
+    beneath that check (an inference tensor is never saved for backward, so no version counter
+    is bypassed)."""
+    if tensor.is_inference():
+        with torch.inference_mode(False):  # else the alias would be an inference tensor itself
+            alias = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+            return alias.set_(tensor.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride())
     return tensor.detach() if tensor.requires_grad else tensor
 
 

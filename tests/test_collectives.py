@@ -122,21 +122,23 @@ def test_bool_and_complex_tensors_are_taken_as_torch_distributed_takes_them(tmp_
 
 
 @pytest.mark.parametrize("path", ["w3-shm-tiny-slots", "w3-tcp-tiny-chunks-2-streams"])
-def test_tensors_that_require_grad_are_reduced_in_place(tmp_path, path: str) -> None:
+def test_parameters_and_inference_tensors_are_reduced_in_place(tmp_path, path: str) -> None:
     """Parameters, as ``dist.broadcast(p, 0)`` and ``dist.all_reduce(p)`` take them: autograd
     refused our in-place writes into a leaf that requires grad (drawn above only by chance).
     2.4 MB of float64 is three parts of the ring over sockets, two of them on pool threads,
     where a ``no_grad`` entered by the calling thread did not reach (the hypothesis cases
-    found that)."""
+    found that). Tensors made under ``torch.inference_mode()`` (evaluation metrics), as
+    torch.distributed takes them: outside that mode torch refused our writes from inside the
+    collective, and inside it the pool threads' writes, which the mode does not reach."""
     world, env = PATHS[path]
     run_cases(tmp_path, world, [
-        {"kind": kind, "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, "leaf": True,
-         "shared": shared}
+        {"kind": kind, "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, **marks, "shared": shared}
         for seed, (kind, dtype, numel, op, shared) in enumerate([
             ("all_reduce", "float32", 1000, "avg", False), ("all_reduce", "float32", 300_001, "sum", False),
             ("all_reduce", "float32", 5000, "sum", True), ("all_reduce", "bfloat16", 999, "max", False),
             ("broadcast", "float32", 70_001, "sum", False), ("all_gather", "float16", 77, "sum", False),
-            ("all_reduce", "float64", 300_001, "sum", False)])
+            ("all_reduce", "float64", 300_001, "sum", False), ("all_reduce", "complex64", 200_001, "sum", False)])
+        for marks in ({"leaf": True}, {"inference": "made"}, {"inference": "inside"})
     ], env)
 
 
@@ -224,15 +226,16 @@ def test_python_objects_are_gathered_and_broadcast(world: int) -> None:
 def test_arguments_refused_in_a_job_are_refused_alone_too() -> None:
     """A script tried with plain ``python train.py`` (a job of one) before it is launched: every
     collective returned there whatever its arguments (an op that does not exist, a sparse
-    tensor, a source that is no rank), and was refused only under the launcher. A sparse or
-    meta tensor was refused in a job with torch's own words from deep inside ("reshape is not
-    implemented for sparse tensors")."""
+    tensor, a source that is no rank), and was refused only under the launcher. A sparse,
+    nested or meta tensor, or an expanded one to write into, was refused in a job with torch's
+    own words from deep inside ("reshape is not implemented for sparse tensors"), some of them
+    once the other ranks were waiting in the collective."""
     script = str(BIN / "refusals.py")
     alone = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
     job = run_launch("--nproc", "2", script, timeout=120)
     assert alone.returncode == 0 and job.code == 0, (alone.stderr, job.output)
     lines = [line for line in alone.stdout.splitlines() if ": " in line]
-    assert len(lines) == 11 and all(": ConfigError: " in line for line in lines), alone.stdout
+    assert len(lines) == 14 and all(": ConfigError: " in line for line in lines), alone.stdout
     for rank in (0, 1):
         ours = [line.removeprefix(f"[rank {rank}] ") for line in job.stdout.splitlines()
                 if line.startswith(f"[rank {rank}] ") and ": " in line]

@@ -2,7 +2,9 @@
 
 A case with ``shared`` puts its input in ``macfleet.host_tensor`` memory (reduced in place
 where the ranks share memory); one with ``leaf`` (floats) makes it a tensor that requires grad,
-as a parameter is (``dist.broadcast(p, 0)`` works on one, and so must ours). A case with
+as a parameter is (``dist.broadcast(p, 0)`` works on one, and so must ours); one with
+``inference`` makes it under ``torch.inference_mode()``, as evaluation metrics are, and calls
+the collective outside that mode (``made``) or inside it (``inside``). A case with
 ``compression`` (an all-reduce of floats) takes random normal inputs, which half precision
 cannot hold exactly: its result must be within a bound of the exact one and bit-identical on
 every rank. Every rank can rebuild every rank's input from the case seed, so the expected
@@ -74,8 +76,16 @@ def run(case, rank, world):
         t = macfleet.host_tensor(t.numel(), t.dtype).copy_(t)
     if case.get("leaf") and t.dtype.is_floating_point:
         t.requires_grad_()
+    if case.get("inference"):
+        with torch.inference_mode():
+            t = t.clone()
     if case.get("compression"):
         return check_compressed(case, t, world)
+    with torch.inference_mode(case.get("inference") == "inside"):
+        return check(case, t, world)
+
+
+def check(case, t, world):
     if case["kind"] == "all_reduce":
         got = macfleet.all_reduce(t, case["op"])
     elif case["kind"] == "broadcast":

@@ -1,8 +1,12 @@
 """Collectives called with arguments they refuse, one line each: ``CASE: ErrorClass: message``
 or ``CASE: returned``. Run alone (a job of one) and under the launcher, the lines must agree."""
 
+import warnings
+
 import macfleet
 import torch
+
+warnings.filterwarnings("ignore", "The PyTorch API of nested tensors is in prototype stage")
 
 macfleet.init(device="cpu")
 CASES = {
@@ -17,6 +21,9 @@ CASES = {
     "compression": lambda: macfleet.all_reduce(torch.ones(3), compression="zip"),
     "not-a-tensor": lambda: macfleet.all_gather([1.0, 2.0]),
     "src": lambda: macfleet.broadcast(torch.ones(3), src=-1),
+    "nested": lambda: macfleet.all_reduce(torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])),
+    "expanded": lambda: macfleet.all_reduce(torch.ones(1).expand(4)),
+    "expanded-broadcast": lambda: macfleet.broadcast(torch.zeros(3, 1).expand(3, 4), 0),
 }
 for case, call in CASES.items():
     try:
