@@ -31,25 +31,26 @@ def params(path: Path) -> dict[str, torch.Tensor]:
 
 def test_mnist_across_hosts_matches_the_single_host_run(sshd, tmp_path) -> None:
     """On the ring (MACFLEET_SHM=0) every layout sums in the same order: the same parameters.
-    The default path sums inside each host first, (a+b)+(c+d) rather than a+b+c+d, so a
-    different layout changes only the rounding: within 2e-3 after an epoch (max |param| ~0.4)."""
+    The default path sums inside each host first, (a+b)+c rather than a+b+c, so a different
+    layout changes only the rounding: within 2e-3 after an epoch (max |param| ~0.4). Three
+    ranks, not two: two would take the pair exchange instead of the ring."""
     same = ["--env", "OMP_NUM_THREADS=1"]  # the same kernels everywhere, so results can be compared exactly
     ring = {"MACFLEET_SHM": "0"}
-    single = run_launch("--nproc", "4", *same, *MNIST_ARGS, "--train-url", str(tmp_path / "one"), env=ring,
+    single = run_launch("--nproc", "3", *same, *MNIST_ARGS, "--train-url", str(tmp_path / "one"), env=ring,
                         timeout=300)
     assert single.code == 0, single.output
     # the single-host run is a layout too: against it, uneven slots on the ring, and the default path
-    runs = [("127.0.0.2:1,127.0.0.3:3", ring, 1e-6), ("127.0.0.2:2,127.0.0.3:2", {}, 2e-3)]
+    runs = [("127.0.0.2:1,127.0.0.3:2", ring, 1e-6), ("127.0.0.2:2,127.0.0.3:1", {}, 2e-3)]
     for layout, env, tolerance in runs:
         out = tmp_path / (layout.replace(":", "_").replace(",", "-") + ("-ring" if env else "-shm"))
         job = run_launch("--hosts", layout, *sshd.launch_options(), *same, *MNIST_ARGS, "--train-url", str(out),
                          env=env, timeout=300)
         assert job.code == 0, job.output
         assert "[rank 0 127.0.0.2] epoch 1/1" in job.stdout  # only rank 0 prints; prefixed with its host
-        assert "4 ranks on 2 hosts" in job.stderr
-        ring_table = job.stderr[job.stderr.index("4 ranks on 2 hosts"):].splitlines()[2:6]
+        assert "3 ranks on 2 hosts" in job.stderr
+        ring_table = job.stderr[job.stderr.index("3 ranks on 2 hosts"):].splitlines()[2:5]
         on_first = int(layout[10])
-        assert [line.split()[2] for line in ring_table] == ["127.0.0.2"] * on_first + ["127.0.0.3"] * (4 - on_first)
+        assert [line.split()[2] for line in ring_table] == ["127.0.0.2"] * on_first + ["127.0.0.3"] * (3 - on_first)
         got, want = params(out), params(tmp_path / "one")
         for name in want:
             assert torch.allclose(got[name], want[name], atol=tolerance, rtol=0), (layout, env, name)
@@ -548,10 +549,11 @@ def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_ho
                                  *server.launch_options(), "--megabytes", "4"], capture_output=True, text=True,
                                 timeout=120)
         # gloo cannot run here (it connects every rank to every other, over one interface): bench times
-        # macfleet's alone, and says why, instead of waiting for gloo's connections for 30 minutes
+        # macfleet's alone, and says why, instead of waiting for gloo's connections for 30 minutes.
+        # It finds the cables as the job above did, whichever format listed them: one format is enough.
         bench = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "bench", "allreduce", "--hostfile",
                                 str(hostfile), *server.launch_options(), "--sizes", "4K,1M", "--budget", "0.1"],
-                               capture_output=True, text=True, timeout=120)
+                               capture_output=True, text=True, timeout=120) if hostfile_format == "macfleet" else None
     table = job.stderr[job.stderr.index("3 ranks on 3 hosts"):].splitlines()[2:5]
     assert [line.split()[2] for line in table] == [",".join(a) for a in addrs], table
     assert "10.77.0.2, 10.77.0.3, 10.77.0.4 have one address per cable: macfleet's ring sends over each; " \
@@ -566,6 +568,8 @@ def test_a_ring_of_macs_cabled_to_each_neighbour_trains_over_the_cables(netns_ho
     for h, a, e in zip(ring, addrs, ends, strict=True):
         row = next(line for line in doctor.stdout.splitlines() if line.startswith(h.addr + " "))
         assert f" {','.join(a)} on {','.join(dev for _, dev in e)} " in row, row
+    if bench is None:
+        return
     assert bench.returncode == 0, bench.stdout + bench.stderr
     assert "timing macfleet alone: 10.77.0.2, 10.77.0.3, 10.77.0.4 have one address per cable" in bench.stderr, \
         bench.stderr

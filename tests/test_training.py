@@ -41,11 +41,12 @@ def test_sharded_training_matches_one_process_on_the_whole_batch(tmp_path, world
         assert torch.allclose(got[name], value, atol=1e-5, rtol=0), name
 
 
-@pytest.mark.parametrize("more", [[], ["--shares", "3,1"], ["--compression", "fp16"]])
+@pytest.mark.parametrize("more", [[], ["--shares", "3,1", "--compression", "fp16"]])
 def test_mnist_example_learns_in_one_epoch_on_two_processes(tmp_path, more: list[str]) -> None:
     """With --shares 3,1 rank 0 takes three batches' worth of every step (a faster Mac). With
     --compression the gradients cross the sockets in fp16 (through shared memory they stay
-    float32, so that case runs without it)."""
+    float32, so that case runs without it). The two are independent, and one job (a few
+    seconds of the suite) checks both."""
     env = {"MACFLEET_SHM": "0"} if "--compression" in more else None
     job = run_launch("--nproc", "2", str(MNIST), "--epochs", "1", "--train-url", str(tmp_path), *more, env=env,
                      timeout=300)
@@ -68,15 +69,22 @@ def test_mnist_example_refuses_what_it_cannot_do(tmp_path) -> None:
     assert job.code == 2, job.output
     assert f"--data-url {tmp_path / 'nothere'} does not exist" in job.stderr[job.stderr.index("root cause"):]
     (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(b"")
-    for args, wanted in ((["--data-url", str(tmp_path)], "lacks train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
-                                                         "t10k-labels-idx1-ubyte"),
-                         (["--batch-size", "13000"], "rank 0's 12000 samples per epoch make no full batch of 13000"),
-                         (["--resume"], "give --train-url too"),
-                         (["--checkpoint-every", "-1"], "must be 0 or more, not -1")):
-        out = subprocess.run([sys.executable, str(MNIST), "--epochs", "1", *args], capture_output=True, text=True,
-                             timeout=120)
-        assert out.returncode == 2 and wanted in out.stderr, (args, out.stderr)
-        assert "epoch 1/1" not in out.stdout
+    cases = ((["--data-url", str(tmp_path)], "lacks train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+                                             "t10k-labels-idx1-ubyte"),
+             (["--batch-size", "13000"], "rank 0's 12000 samples per epoch make no full batch of 13000"),
+             (["--resume"], "give --train-url too"),
+             (["--checkpoint-every", "-1"], "must be 0 or more, not -1"))
+    # side by side: each is a process of one thread that mostly imports torch
+    runs = [subprocess.Popen([sys.executable, str(MNIST), "--epochs", "1", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for args, _ in cases]
+    try:
+        outputs = [run.communicate(timeout=120) for run in runs]
+    finally:
+        for run in runs:
+            run.kill()
+    for run, (out, err), (args, wanted) in zip(runs, outputs, cases, strict=True):
+        assert run.returncode == 2 and wanted in err, (args, err)
+        assert "epoch 1/1" not in out
 
 
 def test_mnist_example_refuses_a_train_url_it_cannot_write_before_training(tmp_path) -> None:
