@@ -1,11 +1,12 @@
 """The GPU path on CUDA (standing in for Metal): run under `macfleet launch --device cuda`.
 
-Checks on every rank, printing one line of JSON: collectives on CUDA tensors (exact), the
-DataParallel oracle on CUDA against a CPU run of the whole batch (one model, two in one
-backward, SyncBatchNorm, a reentrant checkpoint, two forwards before one backward, a gradient
-penalty, a model fine-tuned with layers unfrozen and a new head after wrapping, and
-``torch.compile`` of the wrapper with inductor), memory reports and the cache given back, the
-memory fraction, and ``PolledEvent`` (how MPS events are waited for) on a real device event.
+Checks on every rank, printing one line of JSON: collectives on CUDA tensors (exact; parameters
+and inference tensors in place), the DataParallel oracle on CUDA against a CPU run of the
+whole batch (one model, two in one backward, SyncBatchNorm, a reentrant checkpoint, two
+forwards before one backward, a gradient penalty, a model fine-tuned with layers unfrozen and
+a new head after wrapping, and ``torch.compile`` of the wrapper with inductor), memory reports
+and the cache given back, the memory fraction, and ``PolledEvent`` (how MPS events are waited
+for) on a real device event.
 The oracle also runs with every device copy issued from the thread that runs backward, as on
 MPS (``Device.copies_from_training_thread``).
 """
@@ -65,6 +66,15 @@ first = bool((p.detach().cpu() == world - 1).all())
 p.data.fill_(float(rank))
 macfleet.all_reduce(p, "avg")
 out["parameter_in_place"] = first and bool((p.detach().cpu() == (world - 1) / 2).all()) and p.requires_grad
+# a CUDA tensor made under inference_mode (an evaluation metric), reduced outside that mode and inside it
+with torch.inference_mode():
+    metric = torch.full((300_001,), float(rank + 1), device=dev)
+macfleet.all_reduce(metric)
+outside = bool((metric.cpu() == whole).all())
+with torch.inference_mode():
+    macfleet.broadcast(metric, world - 1)
+    macfleet.all_reduce(metric, "avg")
+out["inference_in_place"] = outside and bool((metric.cpu() == whole).all()) and metric.is_inference()
 # the training oracle on the GPU: the whole model in one bucket, then a bucket per module
 # (the communication thread), the first wrapper freed before the second is built
 
