@@ -582,10 +582,12 @@ class Coordinator:
         collective wait for good. Not as soon as it left: an exception that ends the script ends
         the rank within moments (after its ``finally`` blocks), and its traceback is the better
         root cause. So once it calls another collective, or once the others have waited in theirs
-        for a stall timeout (the stall report would call it working, and let them wait on)."""
+        for a stall timeout (the stall report would call it working, and let them wait on), or
+        for ``HALFWAY_GRACE_S`` with the stall check off."""
         if self.aborted is not None:
             return
         now = time.monotonic()
+        grace = self.stall_timeout_s if self.stall_timeout_s > 0 else HALFWAY_GRACE_S
         for rank, st in sorted(self.status.items()):
             broken = st.get("broken")
             if broken is None or rank in self.exits:
@@ -595,8 +597,7 @@ class Coordinator:
                 seen = self._went_on_at.setdefault(rank, now)
                 if not waiting and now - seen < 2 * protocol.HEARTBEAT_S:
                     continue  # the beats that say who waits in it may still be on their way
-            elif self.stall_timeout_s <= 0 or not any(
-                    self._waited(self.status[r], now) > self.stall_timeout_s for r in waiting):
+            elif not any(self._waited(self.status[r], now) > grace for r in waiting):
                 continue
             after = "went on to another collective" if broken["went_on"] else "works on without it"
             self.fail(Failure(time.time(), (
@@ -654,6 +655,10 @@ def _indent(text: str) -> str:
 
 
 HALFWAY = "a collective left halfway cannot be finished"
+# With the stall check off (--stall-timeout 0): how long the others may wait in a collective that
+# a rank left by a caught exception while it works on. It cannot finish; the collective timeout
+# (10 minutes) would end the job later, as a timeout, with the cause unnamed.
+HALFWAY_GRACE_S = 60.0
 
 
 def _left(broken: dict[str, Any]) -> str:

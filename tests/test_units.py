@@ -770,11 +770,12 @@ def test_the_root_cause_is_the_first_failure_to_arrive_whatever_the_hosts_clocks
         ctx.destroy(linger=0)
 
 
-def _stall_log(waits: list[tuple[int, float] | None], seconds: float) -> tuple[list[str], object]:
-    """A coordinator (stall timeout 1 s, aborting) and ranks that beat every 0.2 s for
-    ``seconds`` or until a stall is logged: rank r in all-reduce op ``waits[r][0]`` for
-    ``waits[r][1]`` s at line 10 + r, or out of any collective (None). Returns the log and
-    the abort."""
+def _stall_log(waits: list[tuple[int, float] | None], seconds: float, stall_timeout_s: float = 1.0,
+               beats: list[dict] | None = None) -> tuple[list[str], object]:
+    """A coordinator (stall timeout 1 s unless given, aborting) and ranks that beat every 0.2 s
+    for ``seconds`` or until a stall is logged or the job aborted: rank r in all-reduce op
+    ``waits[r][0]`` for ``waits[r][1]`` s at line 10 + r, or out of any collective (None), with
+    ``beats[r]`` in its beats too. Returns the log and the abort."""
     import zmq
 
     from macfleet.control import ControlClient
@@ -783,17 +784,17 @@ def _stall_log(waits: list[tuple[int, float] | None], seconds: float) -> tuple[l
 
     ctx = zmq.Context()
     secret, logged = os.urandom(32), []
-    coord = Coordinator(ctx, ["127.0.0.1"], secret, "job", world_size=len(waits), num_agents=1, stall_timeout_s=1.0,
-                        log=logged.append)
+    coord = Coordinator(ctx, ["127.0.0.1"], secret, "job", world_size=len(waits), num_agents=1,
+                        stall_timeout_s=stall_timeout_s, log=logged.append)
     ranks = [ControlClient(ctx, coord.endpoints["127.0.0.1"], secret, "job", f"rank-{r}") for r in range(len(waits))]
     try:
         for r, client in enumerate(ranks):
             client.send(REGISTER, rank=r, endpoints={}, host=f"mac{r}", local_rank=0)
         deadline = time.monotonic() + seconds
-        while not any("stall:" in line for line in logged) and time.monotonic() < deadline:
+        while not any("stall:" in line for line in logged) and coord.aborted is None and time.monotonic() < deadline:
             for r, (client, wait) in enumerate(zip(ranks, waits)):  # nothing has arrived for 9 s
                 site = {"op": "all_reduce", "id": wait[0], "for_s": wait[1], "at": f"train.py:{10 + r}"} if wait else None
-                client.send(BEAT, progress=4, quiet_s=9.0, waiting=site)
+                client.send(BEAT, progress=4, quiet_s=9.0, waiting=site, **(beats[r] if beats else {}))
             coord.poll(0.2)
         return logged, coord.aborted
     finally:
@@ -831,6 +832,23 @@ def test_ranks_waiting_in_different_collectives_with_nothing_arriving_are_named_
     stall = next(line for line in logged if "stall:" in line)
     assert "different collectives" in stall, logged
     assert "rank 0 in all_reduce (op 5, at train.py:10); rank 1 in all_reduce (op 6, at train.py:11)" in stall
+
+
+def test_a_rank_that_works_on_after_leaving_a_collective_is_named_with_the_stall_check_off() -> None:
+    """--stall-timeout 0: rank 0 left all-reduce 5 by an exception its script caught, and works
+    on without a collective; rank 1 waits in that all-reduce, which cannot finish. The job went
+    on until the collective timeout (10 minutes) ended it as a timeout. Now a minute's grace
+    (for the exception to end the script instead) is all the others wait."""
+    from macfleet.launcher.coordinator import HALFWAY_GRACE_S
+
+    left = {"broken": {"op": 5, "what": "all_reduce (op 5)", "error": "RuntimeError: MPS out of memory",
+                       "went_on": False}}
+    for waited, stopped in ((HALFWAY_GRACE_S - 5, False), (HALFWAY_GRACE_S + 1, True)):
+        logged, aborted = _stall_log([None, (5, waited)], seconds=2, stall_timeout_s=0, beats=[left, {}])
+        assert (aborted is not None) == stopped, (waited, aborted, logged)
+    assert aborted.startswith("rank 0 (mac0) left all_reduce (op 5) by an exception (RuntimeError: MPS out of memory) "
+                              "that the script caught, and works on without it"), aborted
+    assert not any("stall:" in line for line in logged), logged  # the stall check stays off
 
 
 def test_an_exit_of_any_size_fits_one_control_message() -> None:
