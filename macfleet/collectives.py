@@ -143,6 +143,8 @@ class Collectives:
         """``compression`` (``fp16``, ``bf16``) casts what crosses the network only; the
         reduction itself stays float32 on the host."""
         check_all_reduce(tensor, op, name, compression)
+        if tensor.layout == torch.sparse_coo:
+            return self._all_reduce_sparse(tensor, op, name)
         if _made_of_numbers(tensor):
             numbers, op = _as_numbers(tensor, name, op)
             self.all_reduce(numbers, op, name, compression)
@@ -177,6 +179,31 @@ class Collectives:
                 work.div_(self.world)
             if not in_place:
                 data.copy_(work.view(data.shape))
+        return tensor
+
+    def _all_reduce_sparse(self, tensor: torch.Tensor, op: str, name: str) -> torch.Tensor:
+        """A sparse COO tensor, reduced as gloo reduces one: every rank's entries gathered (their
+        counts first, then indices and values padded to the largest count), summed where they
+        coincide, and written back into ``tensor``. Every rank sums the same entries in the same
+        order, so the result is the same bits everywhere."""
+        mine = tensor.detach().coalesce()
+        count = mine._nnz()
+        with self.on_behalf_of("all_reduce (sparse)"):
+            counts = self.all_gather(torch.tensor([count]), name).view(-1).tolist()
+            most = max(counts)
+            indices = torch.zeros(mine.sparse_dim(), most, dtype=torch.int64)
+            indices[:, :count] = mine.indices().cpu()
+            values = torch.zeros((most, *mine.values().shape[1:]), dtype=mine.dtype)
+            values[:count] = mine.values().cpu()
+            indices, values = self.all_gather(indices, name), self.all_gather(values, name)
+        whole = torch.sparse_coo_tensor(torch.cat([indices[r, :, :n] for r, n in enumerate(counts)], 1),
+                                        torch.cat([values[r, :n] for r, n in enumerate(counts)]), tensor.shape)
+        whole = whole.coalesce()
+        if op == "avg":
+            whole = whole / self.world
+        # a leaf that requires grad takes it under no_grad (entered last: inference_mode(False) enables grad)
+        with torch.inference_mode(tensor.is_inference()), torch.no_grad():
+            tensor.copy_(whole.to(tensor.device))
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch.Tensor:
@@ -632,6 +659,9 @@ class Collectives:
 # Checked before anything is sent, by every rank, and alike in a job of one (plain ``python
 # train.py``), so that a script refused under the launcher is refused without it too.
 def check_all_reduce(tensor: torch.Tensor, op: str, name: str, compression: str) -> None:
+    if isinstance(tensor, torch.Tensor) and tensor.layout == torch.sparse_coo:
+        _check_sparse(tensor, op, name, compression)
+        return
     numbers, op = _numbers_to_check(tensor, name, op)
     _check_writable(tensor, name, "all_reduce")
     if compression not in WIRE_DTYPES:
@@ -660,8 +690,8 @@ def _numbers_to_check(tensor: object, name: str, op: str = "sum") -> tuple[torch
     if not isinstance(tensor, torch.Tensor):
         raise ConfigError(f"{name} must be a torch.Tensor, not {type(tensor).__name__}")
     if tensor.layout != torch.strided:  # torch's own error came from deep inside: "reshape is not implemented"
-        raise ConfigError(f"{name} is a {tensor.layout} tensor, and macfleet collectives take dense ones: "
-                          f"give {name}.to_dense()")
+        raise ConfigError(f"{name} is a {tensor.layout} tensor, and macfleet collectives take dense ones (all_reduce "
+                          f"a sparse COO one too): give {name}.to_dense()")
     if tensor.is_nested:  # its layout is torch.strided, and torch's error came from inside the collective
         raise ConfigError(f"{name} is a nested tensor, and macfleet collectives take dense ones: give "
                           f"{name}.to_padded_tensor(0), or each of {name}.unbind()")
@@ -672,6 +702,27 @@ def _numbers_to_check(tensor: object, name: str, op: str = "sum") -> tuple[torch
     if numbers.dtype not in SUPPORTED:
         raise ConfigError(f"{name} has dtype {tensor.dtype}, which macfleet collectives do not support")
     return numbers, op
+
+
+def _check_sparse(tensor: torch.Tensor, op: str, name: str, compression: str) -> None:
+    """A sparse COO tensor is summed (or averaged), as gloo reduces one: its entries are
+    gathered whole, so there is nothing to compress, and a max of entries some ranks lack has no
+    meaning that torch.distributed gives it."""
+    if op not in ("sum", "avg"):
+        raise ConfigError(f"all_reduce op {op!r} of a sparse tensor: sparse tensors are summed or averaged "
+                          f"(op 'sum' or 'avg'); give {name}.to_dense() for {op!r}")
+    if compression != "none":
+        raise ConfigError(f"compression {compression!r} of a sparse tensor: its entries are sent as they are "
+                          f"(compression='none')")
+    values = tensor._values()  # uncoalesced is fine: only its dtype and device are looked at
+    if tensor.device.type == "meta":
+        raise ConfigError(f"{name} is on the meta device, which holds no data")
+    if values.dtype == torch.bool or values.is_complex() or values.dtype not in SUPPORTED:
+        raise ConfigError(f"{name} is a sparse tensor of {tensor.dtype}, which macfleet collectives do not sum; "
+                          f"sparse tensors of floats and integers are summed")
+    if op == "avg" and not values.dtype.is_floating_point:
+        raise ConfigError(f"all_reduce op 'avg' needs a floating-point tensor; {name} is {tensor.dtype}")
+    check_tensor(values, name)
 
 
 def _check_writable(tensor: torch.Tensor, name: str, collective: str) -> None:

@@ -67,7 +67,7 @@ class Signature:
     REDUCE_OPS = ("", "sum", "avg", "max", "min")
     CALLERS = ("", "DataParallel (start)", "DataParallel (buffers)", "DataParallel (gradients)",
                "checkpoint.save", "checkpoint.load", "DataParallel (parameters changed)", "SyncBatchNorm",
-               "DataParallel (join)")
+               "DataParallel (join)", "all_reduce (sparse)")
     DTYPES = tuple(sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str))
 
     def words(self) -> tuple[int, int, int]:

@@ -106,10 +106,12 @@ def test_all_reduce_of_more_than_100_mib_is_exact(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("path", ["w3-shm-tiny-slots", "w3-tcp-tiny-chunks-2-streams"])
-def test_bool_and_complex_tensors_are_taken_as_torch_distributed_takes_them(tmp_path, path: str) -> None:
+def test_bool_complex_and_sparse_tensors_are_taken_as_torch_distributed_takes_them(tmp_path, path: str) -> None:
     """An early-stopping flag (``all_reduce(torch.tensor(stop))``) and complex numbers, every
     kind of collective, in shared memory and not (drawn above only by chance). They were a
-    ConfigError, while torch.distributed takes both."""
+    ConfigError, while torch.distributed takes both. So was a sparse COO tensor (an embedding's
+    gradient reduced by hand), which gloo sums: each rank's entries at places of its own, single
+    numbers and rows, and a rank's tensor with no entries at all (5 numbers, a tenth kept)."""
     world, env = PATHS[path]
     run_cases(tmp_path, world, [
         {"kind": kind, "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, "shared": shared}
@@ -118,6 +120,11 @@ def test_bool_and_complex_tensors_are_taken_as_torch_distributed_takes_them(tmp_
             [("all_reduce", "complex64", op) for op in ("sum", "avg")] +
             [(kind, dtype, "sum") for kind in ("broadcast", "all_gather") for dtype in OTHERS])
         for numel, shared in ((5, False), (70001, True))
+    ] + [
+        {"kind": "all_reduce", "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, "sparse": True}
+        for seed, (dtype, op, numel) in enumerate([("float32", "sum", 5), ("float32", "sum", 70_001),
+                                                   ("float32", "avg", 7_000), ("int64", "sum", 7_000),
+                                                   ("bfloat16", "sum", 70_001), ("float64", "avg", 70_007)])
     ], env)
 
 
@@ -235,7 +242,7 @@ def test_arguments_refused_in_a_job_are_refused_alone_too() -> None:
     job = run_launch("--nproc", "2", script, timeout=120)
     assert alone.returncode == 0 and job.code == 0, (alone.stderr, job.output)
     lines = [line for line in alone.stdout.splitlines() if ": " in line]
-    assert len(lines) == 14 and all(": ConfigError: " in line for line in lines), alone.stdout
+    assert len(lines) == 15 and all(": ConfigError: " in line for line in lines), alone.stdout
     for rank in (0, 1):
         ours = [line.removeprefix(f"[rank {rank}] ") for line in job.stdout.splitlines()
                 if line.startswith(f"[rank {rank}] ") and ": " in line]

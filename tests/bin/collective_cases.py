@@ -4,7 +4,9 @@ A case with ``shared`` puts its input in ``macfleet.host_tensor`` memory (reduce
 where the ranks share memory); one with ``leaf`` (floats) makes it a tensor that requires grad,
 as a parameter is (``dist.broadcast(p, 0)`` works on one, and so must ours); one with
 ``inference`` makes it under ``torch.inference_mode()``, as evaluation metrics are, and calls
-the collective outside that mode (``made``) or inside it (``inside``). A case with
+the collective outside that mode (``made``) or inside it (``inside``); one with ``sparse``
+(an all-reduce) keeps about a tenth of each rank's entries, at places of its own, and reduces
+them as a sparse COO tensor, as an embedding's gradient is. A case with
 ``compression`` (an all-reduce of floats) takes random normal inputs, which half precision
 cannot hold exactly: its result must be within a bound of the exact one and bit-identical on
 every rank. Every rank can rebuild every rank's input from the case seed, so the expected
@@ -32,6 +34,9 @@ WIRE_EPS = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}  # unit roundoff of the wire 
 
 def make_input(case, rank):
     g = torch.Generator().manual_seed(case["seed"] * 1000 + rank)
+    if case.get("sparse"):  # the same numbers, most of them zero: a rank touches a few rows
+        kept = torch.rand(case["numel"], generator=torch.Generator().manual_seed(case["seed"] * 1000 + rank + 500))
+        return torch.where(kept < 0.1, make_input({**case, "sparse": False}, rank), 0)
     if case.get("compression"):
         return torch.randn(case["numel"], generator=g).to(DTYPES[case["dtype"]])
     if case["dtype"] == "bool":
@@ -81,6 +86,8 @@ def run(case, rank, world):
             t = t.clone()
     if case.get("compression"):
         return check_compressed(case, t, world)
+    if case.get("sparse"):
+        t = t.view(-1, 7).to_sparse(1) if case["numel"] % 7 == 0 else t.to_sparse()  # rows of 7, or single numbers
     with torch.inference_mode(case.get("inference") == "inside"):
         return check(case, t, world)
 
@@ -93,6 +100,10 @@ def check(case, t, world):
     else:
         got = macfleet.all_gather(t)
     want = expected(case, world)
+    if case.get("sparse"):
+        if not got.is_sparse:
+            return "a sparse all-reduce returned a dense tensor"
+        got = got.to_dense().view(-1)
     if got.shape != want.shape or got.dtype != want.dtype:
         return f"shape/dtype {tuple(got.shape)}/{got.dtype} != {tuple(want.shape)}/{want.dtype}"
     if case.get("op") == "avg" and case["kind"] == "all_reduce":

@@ -10,7 +10,8 @@ warnings.filterwarnings("ignore", "The PyTorch API of nested tensors is in proto
 
 macfleet.init(device="cpu")
 CASES = {
-    "sparse": lambda: macfleet.all_reduce(torch.eye(3).to_sparse()),
+    "sparse": lambda: macfleet.broadcast(torch.eye(3).to_sparse(), 0),
+    "sparse-max": lambda: macfleet.all_reduce(torch.eye(3).to_sparse(), op="max"),
     "sparse-csr": lambda: macfleet.all_gather(torch.eye(3).to_sparse_csr()),
     "meta": lambda: macfleet.broadcast(torch.empty(3, device="meta"), 0),
     "op": lambda: macfleet.all_reduce(torch.ones(3), op="prod"),
