@@ -186,15 +186,15 @@ class Collectives:
         counts first, then indices and values padded to the largest count), summed where they
         coincide, and written back into ``tensor``. Every rank sums the same entries in the same
         order, so the result is the same bits everywhere."""
-        mine = tensor.detach().coalesce()
+        mine = tensor.detach().cpu().coalesce()  # on the host, where its entries go anyway (MPS lacks sparse kernels)
         count = mine._nnz()
         with self.on_behalf_of("all_reduce (sparse)"):
             counts = self.all_gather(torch.tensor([count]), name).view(-1).tolist()
             most = max(counts)
             indices = torch.zeros(mine.sparse_dim(), most, dtype=torch.int64)
-            indices[:, :count] = mine.indices().cpu()
+            indices[:, :count] = mine.indices()
             values = torch.zeros((most, *mine.values().shape[1:]), dtype=mine.dtype)
-            values[:count] = mine.values().cpu()
+            values[:count] = mine.values()
             indices, values = self.all_gather(indices, name), self.all_gather(values, name)
         whole = torch.sparse_coo_tensor(torch.cat([indices[r, :, :n] for r, n in enumerate(counts)], 1),
                                         torch.cat([values[r, :n] for r, n in enumerate(counts)]), tensor.shape)
