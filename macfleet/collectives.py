@@ -708,6 +708,8 @@ def _check_sparse(tensor: torch.Tensor, op: str, name: str, compression: str) ->
     """A sparse COO tensor is summed (or averaged), as gloo reduces one: its entries are
     gathered whole, so there is nothing to compress, and a max of entries some ranks lack has no
     meaning that torch.distributed gives it."""
+    if op not in REDUCE_OPS:
+        raise ConfigError(f"all_reduce op {op!r}: choose one of {', '.join(REDUCE_OPS)}")
     if op not in ("sum", "avg"):
         raise ConfigError(f"all_reduce op {op!r} of a sparse tensor: sparse tensors are summed or averaged "
                           f"(op 'sum' or 'avg'); give {name}.to_dense() for {op!r}")
