@@ -660,10 +660,10 @@ class Collectives:
 # train.py``), so that a script refused under the launcher is refused without it too.
 def check_all_reduce(tensor: torch.Tensor, op: str, name: str, compression: str) -> None:
     if isinstance(tensor, torch.Tensor) and tensor.layout == torch.sparse_coo:
-        _check_sparse(tensor, op, name, compression)
-        return
-    numbers, op = _numbers_to_check(tensor, name, op)
-    _check_writable(tensor, name, "all_reduce")
+        numbers = _sparse_numbers_to_check(tensor, op, name, compression)
+    else:
+        numbers, op = _numbers_to_check(tensor, name, op)
+        _check_writable(tensor, name, "all_reduce")
     if compression not in WIRE_DTYPES:
         raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
     if op not in REDUCE_OPS:
@@ -704,27 +704,21 @@ def _numbers_to_check(tensor: object, name: str, op: str = "sum") -> tuple[torch
     return numbers, op
 
 
-def _check_sparse(tensor: torch.Tensor, op: str, name: str, compression: str) -> None:
-    """A sparse COO tensor is summed (or averaged), as gloo reduces one: its entries are
-    gathered whole, so there is nothing to compress, and a max of entries some ranks lack has no
-    meaning that torch.distributed gives it."""
-    if op not in REDUCE_OPS:
-        raise ConfigError(f"all_reduce op {op!r}: choose one of {', '.join(REDUCE_OPS)}")
-    if op not in ("sum", "avg"):
+def _sparse_numbers_to_check(tensor: torch.Tensor, op: str, name: str, compression: str) -> torch.Tensor:
+    """A sparse COO tensor's values, once found a sparse tensor that all_reduce sums (or
+    averages), as gloo reduces one: its entries are gathered whole, so there is nothing to
+    compress, and a max of entries some ranks lack has no meaning torch.distributed gives it."""
+    if op in REDUCE_OPS and op not in ("sum", "avg"):
         raise ConfigError(f"all_reduce op {op!r} of a sparse tensor: sparse tensors are summed or averaged "
                           f"(op 'sum' or 'avg'); give {name}.to_dense() for {op!r}")
-    if compression != "none":
+    if compression in WIRE_DTYPES and compression != "none":
         raise ConfigError(f"compression {compression!r} of a sparse tensor: its entries are sent as they are "
                           f"(compression='none')")
     values = tensor._values()  # uncoalesced is fine: only its dtype and device are looked at
-    if tensor.device.type == "meta":
-        raise ConfigError(f"{name} is on the meta device, which holds no data")
-    if values.dtype == torch.bool or values.is_complex() or values.dtype not in SUPPORTED:
+    if values.dtype == torch.bool or values.is_complex():
         raise ConfigError(f"{name} is a sparse tensor of {tensor.dtype}, which macfleet collectives do not sum; "
                           f"sparse tensors of floats and integers are summed")
-    if op == "avg" and not values.dtype.is_floating_point:
-        raise ConfigError(f"all_reduce op 'avg' needs a floating-point tensor; {name} is {tensor.dtype}")
-    check_tensor(values, name)
+    return _numbers_to_check(values, name)[0]  # the device and dtype checks of a dense one
 
 
 def _check_writable(tensor: torch.Tensor, name: str, collective: str) -> None:
