@@ -22,27 +22,37 @@ SLOW_GBIT_S = 2.0      # below this a link is probably Wi-Fi or a congested LAN
 HIGH_LATENCY_US = 1000.0
 
 
+# Whether the modules are there, without importing them: importing torch takes a second or two
+# per host, and the probe job right after imports it anyway (a broken torch fails there, named
+# in the job's report). Exits 3 with the missing names on stderr.
+FIND_MODULES = ("import importlib.util, sys; missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]; "
+                "sys.stderr.write(' '.join(missing)); sys.exit(3 if missing else 0)")
+
+
 def check_ssh(host: Host, cfg: LaunchConfig) -> str | None:
-    """None if ``host`` runs our Python over ssh, else what went wrong (ssh's own words)."""
+    """None if ``host`` runs our Python with macfleet and torch over ssh, else what is wrong."""
     if host.is_local:
         return None
-    command = ssh_command(host, cfg.ssh, cfg.cwd, [cfg.python, "-c", "import macfleet, torch"])
+    command = ssh_command(host, cfg.ssh, cfg.cwd, [cfg.python, "-c", FIND_MODULES, "macfleet", "torch"])
     try:
         out = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                              timeout=cfg.ssh.connect_timeout_s + 60)
     except subprocess.TimeoutExpired:
-        return "ssh did not answer"
+        return "unreachable: ssh did not answer"
     if out.returncode == 0:
         return None
+    if out.returncode == 3:
+        return f"{cfg.python} there has no {' and no '.join(out.stderr.split())}"
     lines = [line for line in out.stderr.splitlines() if line.strip()]
-    return lines[-1] if lines else f"ssh exited with code {out.returncode}"
+    said = lines[-1] if lines else f"exited with code {out.returncode}"
+    return f"unreachable: {said}" if out.returncode == 255 else said  # 255: ssh's own failure, else the command's
 
 
 def run_doctor(cfg: LaunchConfig) -> int:
     with ThreadPoolExecutor(len(cfg.hosts)) as pool:
         reach = list(pool.map(lambda h: check_ssh(h, cfg), cfg.hosts))
     if any(reach):
-        rows = [[h.ssh_target, "unreachable: " + err if err else "ok"] for h, err in zip(cfg.hosts, reach, strict=True)]
+        rows = [[h.ssh_target, err or "ok"] for h, err in zip(cfg.hosts, reach, strict=True)]
         print(_table(["host", "ssh"], rows))
         print("\nfix: make `ssh HOST` work without a password (ssh-copy-id HOST), and install the same Python "
               "environment with macfleet and torch on every host (--python names its interpreter).")

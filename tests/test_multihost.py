@@ -454,6 +454,12 @@ def test_doctor_prints_a_table_with_every_link(sshd) -> None:
     bad = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hosts", "127.0.0.2,127.0.0.9",
                           *sshd.launch_options(), "--ssh-connect-timeout", "3"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "unreachable" in bad.stdout
+    # a host that answers, with a Python that lacks what a job needs: named, before any job starts
+    bare = os.path.join(os.sys.base_prefix, "bin", "python3")  # the interpreter the venv was made from
+    lacking = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hosts", "127.0.0.2",
+                              *sshd.launch_options(), "--python", bare], capture_output=True, text=True, timeout=60)
+    assert lacking.returncode == 1 and f"127.0.0.2  {bare} there has no torch" in lacking.stdout, \
+        lacking.stdout + lacking.stderr
 
 
 def test_doctor_names_the_interface_each_host_trains_over(netns_hosts) -> None:
