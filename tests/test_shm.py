@@ -135,6 +135,47 @@ def test_a_rank_behind_is_waited_for_and_one_ahead_is_named(tmp_path) -> None:
         close_all(groups)
 
 
+# What rank 0 and rank 1 announce as the same collective, one field apart, and how the error
+# names each. (test_faults runs some of these as whole jobs.)
+SUM8 = Signature(1, "all_reduce", 8, torch.float32, "sum")
+ANNOUNCED = {
+    "numel": (SUM8, Signature(1, "all_reduce", 9, torch.float32, "sum"), "all_reduce of 9 float32 (sum)"),
+    "reduce op": (SUM8, Signature(1, "all_reduce", 8, torch.float32, "max"), "all_reduce of 8 float32 (max)"),
+    "dtype": (SUM8, Signature(1, "all_reduce", 8, torch.int32, "sum"), "all_reduce of 8 int32 (sum)"),
+    "kind": (SUM8, Signature(1, "all_gather", 8, torch.float32), "all_gather of 8 float32"),
+    "caller": (SUM8, Signature(1, "all_reduce", 8, torch.float32, "sum", "checkpoint.save"),
+               "all_reduce of 8 float32 (sum), from checkpoint.save"),
+    "root": (Signature(1, "broadcast", 8, torch.float32, root=0), Signature(1, "broadcast", 8, torch.float32, root=1),
+             "broadcast of 8 float32 from rank 1"),
+}
+
+
+@pytest.mark.parametrize("field", list(ANNOUNCED))
+def test_ranks_that_announce_different_collectives_are_stopped_naming_both(tmp_path, field: str) -> None:
+    """Each field of an announcement is compared: a difference in any one of them stops the
+    ranks at the collective's first barrier, with what each rank is in."""
+    ours, theirs, named = ANNOUNCED[field]
+    groups = make_groups(tmp_path, 2)
+
+    def enter(rank: int) -> str:
+        groups[rank].announce(theirs if rank else ours)
+        try:
+            groups[rank].barrier()
+        except ProtocolError as exc:
+            return str(exc)
+        return ""  # the first to compare finds the other's line as announced: one of the two may pass
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            said = list(pool.map(enter, range(2)))
+    finally:
+        close_all(groups)
+    assert any(said), said
+    ours_named = "broadcast of 8 float32 from rank 0" if field == "root" else "all_reduce of 8 float32 (sum)"
+    for message in filter(None, said):
+        assert f"{ours_named} (collective 1)" in message and f"{named} (collective 1)" in message, message
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_shared_tensors_are_reduced_where_they_are(tmp_path, size: int) -> None:
     groups = make_groups(tmp_path, size, slot_bytes=256)  # pieces of 64 floats: 1000 elements take many

@@ -13,8 +13,7 @@ elsewhere must turn into an error rather than a hang. With ``hang`` the others w
 (until stopped); in ``orphans`` FAIL_RANK starts a process and exits while the others
 hold the GIL for good; with ``hang-first`` only until a restart, which finishes. ``env`` prints the environment contract as this rank sees it.
 In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
-others' by its size (``numel``), reduce op (``rop``), dtype (``dtype``) or kind (``kind``: an
-all-gather) or by being a ``checkpoint.save`` (the torch DDP habit of saving from one rank
+others' by its size (``numel``) or kind (``kind``: an all-gather) or by being a ``checkpoint.save`` (the torch DDP habit of saving from one rank
 only); in ``gather`` every rank all-gathers, the others 8 numbers and these 9 (a collective of
 one barrier on each side). In ``host-only`` these ranks take a shared tensor first
 (``macfleet.host_tensor``, a collective of one host's ranks), then all-reduce as the others
@@ -139,8 +138,6 @@ if mode == "after-shutdown":  # every rank leaves the job; one goes on with a co
         macfleet.all_reduce(torch.ones(8))
     sys.exit(0)
 mismatch = {"numel": lambda: macfleet.all_reduce(torch.ones(9)),
-            "rop": lambda: macfleet.all_reduce(torch.ones(8), op="max"),
-            "dtype": lambda: macfleet.all_reduce(torch.ones(8, dtype=torch.int32)),
             "kind": lambda: macfleet.all_gather(torch.ones(8)),
             "save": lambda: macfleet.checkpoint.save("/nonexistent/never-written.pt", torch.nn.Linear(2, 2)),
             "gather": lambda: macfleet.all_gather(torch.ones(9)),
