@@ -420,11 +420,17 @@ def test_a_dataloader_worker_that_re_runs_the_script_is_told_to_use_a_main_guard
 
 def test_a_collective_in_a_forked_dataloader_worker_is_refused() -> None:
     """Linux's DataLoader workers are forked: they inherit the rank's runtime, and a collective
-    there ran through the rank's own sockets and shared-memory slots, beside its collectives."""
+    there ran through the rank's own sockets and shared-memory slots, beside its collectives.
+    The rank then exits at once, as under a plain `python`: it waited 5 s for its worker (the
+    loader's iterator, freed with the traceback, signalled the worker through a closed queue)."""
     job = run_launch("--nproc", "2", str(BIN / "children.py"), "fork-collective", timeout=90)
     assert job.code == 1 and "batch" not in job.stdout and "finished" not in job.stdout, job.output
     root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
     assert "ConfigError: a collective in a subprocess of rank" in root, root
+    for rank in (0, 1):
+        loading, exiting = (float(re.search(rf"\[rank {rank}\] {what} at ([\d.]+)", job.stdout)[1])
+                            for what in ("loading", "exiting"))
+        assert exiting - loading < 3, job.stdout  # a fork, one item, a traceback: well under the 5 s wait
 
 
 def test_a_forked_child_leaves_the_rank_its_job_directory() -> None:

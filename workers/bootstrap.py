@@ -135,6 +135,15 @@ def _free_script_objects() -> None:
     # Nothing signals when those threads are done, so first give them the GIL for a moment
     # (they need microseconds); the collection then frees the group, whose destructor joins them.
     time.sleep(0.01)
+    # A DataLoader iterator that the collection frees (one left in a traceback, when the script
+    # failed mid-epoch) stopped its workers by a message through a queue that the same
+    # collection had already closed, then waited 5 s for them to exit (every rank's report came
+    # that late). The script is over: mark it as torch's own exit hook does at the end of a plain
+    # `python script.py`, so the iterator leaves its workers, which are daemons, to
+    # multiprocessing's exit hook, which ends them as it does there.
+    data_utils = sys.modules.get("torch.utils.data._utils")
+    if data_utils is not None and hasattr(data_utils, "python_exit_status"):
+        data_utils.python_exit_status = True
     gc.collect()
     # What is left is torch's and the other modules' own objects, about 160,000 of them, which
     # the interpreter's finalization goes through in several full collections: 0.35 s of a

@@ -5,11 +5,14 @@
 included. ``fork``: a child forked after ``macfleet.init()`` exits normally (running the
 inherited atexit hooks), then the rank raises, and its report must still have its traceback.
 ``fork-collective``: a dataset whose items are all-reduced, by mistake, in 'fork' workers
-(Linux's default), which inherit the rank's runtime, sockets and shared memory.
+(Linux's default), which inherit the rank's runtime, sockets and shared memory; the rank
+prints the time at which its loader started and the time of its exit hooks.
 """
 
+import atexit
 import os
 import sys
+import time
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -31,6 +34,8 @@ elif mode == "fork-collective":
         def __getitem__(self, i):
             return macfleet.all_reduce(torch.ones(4))
 
+    atexit.register(lambda: print(f"exiting at {time.monotonic():.3f}", flush=True))
+    print(f"loading at {time.monotonic():.3f}", flush=True)
     for batch in DataLoader(Reduced(), batch_size=2, num_workers=1, multiprocessing_context="fork"):
         print(f"batch {batch.sum().item()}", flush=True)  # what the test must never see
     print("finished", flush=True)
