@@ -17,6 +17,7 @@ import time
 
 import pytest
 from conftest import BIN, job_processes, kill_group, launch_command, run_launch, start_launch
+from test_faults import behave_line
 
 BEHAVE = str(BIN / "behave.py")
 
@@ -384,6 +385,18 @@ def test_a_script_named_relative_to_cwd_is_found_there(tmp_path) -> None:
     assert job.code == 0 and job.stdout.count(f"in {tmp_path}") == 2, job.output
     job = run_launch("--nproc", "2", "--cwd", str(tmp_path), "missing.py", cwd=str(elsewhere))
     assert job.code == 2 and f"no such file: missing.py (in {elsewhere} or --cwd {tmp_path})" in job.stderr, job.stderr
+
+
+def test_a_rank_whose_exit_waits_for_a_thread_names_it_and_still_lets_it_finish() -> None:
+    """Python waits at exit for threads that are not daemons. A prefetcher that loops for good
+    kept every rank and the job running after the last line, with no word of why. Rank 1's
+    thread uploads for 4.5 s after its script: the rank names it and where it is, and waits."""
+    job = run_launch("--nproc", "2", BEHAVE, "1", "uploader", timeout=60)
+    assert job.code == 0 and job.stdout.count("finished") == 2, job.output
+    notes = [line for line in job.stderr.splitlines() if "Python waits for its threads" in line]
+    assert len(notes) == 1 and notes[0].startswith("[rank 1] "), job.stderr
+    line = behave_line("time.sleep(4.5)")
+    assert f"thread 'uploader' at {BEHAVE}:{line} in upload" in notes[0], notes
 
 
 @pytest.mark.parametrize("mode", ["collectives", "dp"])

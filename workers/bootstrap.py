@@ -16,8 +16,11 @@ import importlib.util
 import os
 import runpy
 import sys
+import sysconfig
+import threading
 import time
 import traceback
+import types
 import warnings
 
 from macfleet import errorfile
@@ -67,7 +70,53 @@ def main() -> None:
     _free_script_objects()
     if code in (0, None):
         code = _leave_job(script)
+    _watch_the_exit()
     sys.exit(code)
+
+
+# How long a rank's exit may wait for its script's threads before the rank says which ones.
+THREADS_NOTE_S = 3.0
+
+
+def _watch_the_exit() -> None:
+    """Python waits at exit for every thread that is not a daemon. One that never ends (a
+    prefetcher that loops until a flag the script never sets) kept the rank, and so the job,
+    running after every rank had printed its last line, with no word of why (under torchrun
+    too). A daemon timer names such threads, and where each is, once the exit has waited for
+    them THREADS_NOTE_S; it stops none of them (one may be finishing an upload)."""
+    timer = threading.Timer(THREADS_NOTE_S, _name_threads_that_hold_the_exit)
+    timer.daemon = True
+    timer.name = "macfleet-exit-watch"
+    timer.start()
+
+
+def _name_threads_that_hold_the_exit() -> None:
+    held = [t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread() and t.is_alive()]
+    if not held:
+        return  # they ended: the exit goes on with atexit's handlers, which take their own time
+    frames = sys._current_frames()
+    where = "; ".join(f"thread {t.name!r} at {_place(frames.get(t.ident or 0))}" for t in held)
+    print(f"macfleet: the script has ended, and Python waits for its threads that are not daemons to end before "
+          f"this rank exits: {where}. End them before the script does, or start them with daemon=True",
+          file=sys.stderr, flush=True)
+
+
+def _place(frame: types.FrameType | None) -> str:
+    """``file:line in function`` of the innermost frame outside Python's own library (where a
+    thread waits on a queue or a lock, the line of the script or package that waits is the news)."""
+    paths = sysconfig.get_paths()
+    packages = (paths["purelib"], paths["platlib"])  # inside the standard library's folder, outside a venv
+
+    def own(name: str) -> bool:
+        return name.startswith(paths["stdlib"]) and not name.startswith(packages)
+
+    found = innermost = frame
+    while found is not None and own(found.f_code.co_filename):
+        found = found.f_back
+    found = found or innermost
+    if found is None:
+        return "an unknown place"
+    return f"{found.f_code.co_filename}:{found.f_lineno} in {found.f_code.co_name}"
 
 
 def _leave_job(script: str) -> int:

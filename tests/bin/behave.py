@@ -4,7 +4,8 @@ Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by 
 (``raise``, ``exit3``, ``sigkill``, ``sigkill-holding-segment``: killed between creating a
 shared-memory segment and unlinking it, ``segfault``: a crash in native code, ``stuck``:
 alive but never back from a data loader, ``gil``: stuck in native code holding the GIL, ``busy``: working alone for a while
-(``BEHAVE_BUSY_S``, 9 s) before it joins the others, ``huge-error`` / ``huge-line``: an
+(``BEHAVE_BUSY_S``, 9 s) before it joins the others, ``uploader``: leaves a thread (not a daemon) that
+works for 4.5 s after the script has ended, ``huge-error`` / ``huge-line``: an
 exception or a stderr line too large for one control message, ``after-shutdown``: a
 collective after ``macfleet.shutdown()``, ``early``: shut down and exit 0, ``no-init``: exit 0
 before ``macfleet.init()``, ``late``: call it only after ``BEHAVE_LATE_S`` (6 s), ``child``:
@@ -28,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import torch
@@ -128,6 +130,11 @@ if rank == fail_rank:
         sys.stderr.write("x" * 300_000 + " END\n")
         sys.stderr.flush()
         os._exit(3)
+    if mode == "uploader":  # a thread that is no daemon and goes on after the script: Python waits for it
+        def upload() -> None:
+            threading.main_thread().join()  # the script has ended
+            time.sleep(4.5)  # the upload itself: past the 3 s after which the rank names the thread
+        threading.Thread(target=upload, name="uploader").start()
     if mode == "early":  # a clean finish, while the others still have collectives to do
         macfleet.shutdown()
         sys.exit(0)
