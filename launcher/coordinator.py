@@ -102,6 +102,7 @@ class Coordinator:
         self.last_ops: dict[int, int] = {}  # rank -> the last collective it drew, sent when it shut down
         self.broken: dict[int, dict[str, Any]] = {}  # rank -> the collective it left by an exception, said at goodbye
         self._went_on_at: dict[int, float] = {}  # rank -> when a beat first said it went on from such a collective
+        self._ended_at: dict[int, float] = {}  # rank -> when a beat first said its script ended by an exception
         self.waits: dict[int, tuple[float, float]] = {}  # rank -> (seconds it waited on the others, seconds it ran)
         self.stood_by: dict[int, float] = {}  # rank -> seconds it stood by, out of batches, in DataParallel.join()
         self.speeds: dict[int, float] = {}  # rank -> its share of a step's samples per second of its work in one
@@ -208,7 +209,9 @@ class Coordinator:
             self.status[int(sender[5:])] = {"progress": msg.get("progress"), "waiting": msg.get("waiting"),
                                             "quiet_s": float(quiet) if isinstance(quiet, (int, float)) else None,
                                             "debugging": bool(msg.get("debugging")), "at": time.monotonic(),
-                                            "broken": _broken(msg.get("broken"))}
+                                            "broken": _broken(msg.get("broken")),
+                                            "ended": str(msg["ended"])[:300] if isinstance(msg.get("ended"), str)
+                                            else None}
             held = any(st.get("debugging") for r, st in self.status.items() if r not in self.exits)
             if held != self._held:  # someone debugs a rank: the others' waits for it must not time out
                 self._held = held
@@ -264,6 +267,8 @@ class Coordinator:
         suspects = [r for r in live if r not in waiting and r not in joining]
         if joining and not suspects:
             return  # the last of them has just joined: their collective runs (a stall timeout on, they all waited)
+        if any(self.status.get(r, {}).get("ended") for r in suspects):
+            return  # its script ended by an exception: no stall, and _check_ended names it
         if self._held:  # someone is stepping through a rank in pdb: the others wait for it, not for a hang
             if self._stall_reported is None:
                 debugged = [r for r in live if self.status.get(r, {}).get("debugging")]
@@ -481,6 +486,7 @@ class Coordinator:
                 self.fail(Failure(time.time(), f"{who} sent no heartbeat for {self.heartbeat_timeout_s:.0f} s "
                                                f"({cause}){self._who_waits(waiting)}", rank))
         self._check_left_behind()
+        self._check_ended()
         self._check_went_on()
         self._check_sources(now)
         self._check_joining()
@@ -577,6 +583,29 @@ class Coordinator:
                     rank))
                 return
 
+    def _check_ended(self) -> None:
+        """A rank whose script ended by an exception exits within moments, after its atexit
+        handlers, and its exit is the root cause, with its traceback. One still there a grace
+        later (the stall timeout, or ``HALFWAY_GRACE_S`` with the stall check off) waits for
+        threads of its script: Python waits for those that are not daemons, and the rank names
+        them (bootstrap.py). The others, waiting for it in a collective, were stopped by the
+        stall check, which named a rank that "made no progress", and the job whose other ranks
+        had finished waited for good: fail the job with the script's exception."""
+        if self.aborted is not None:
+            return
+        now = time.monotonic()
+        grace = self.stall_timeout_s if self.stall_timeout_s > 0 else HALFWAY_GRACE_S
+        for rank, st in sorted(self.status.items()):
+            if st.get("ended") is None or rank in self.exits:
+                continue
+            if now - self._ended_at.setdefault(rank, now) > grace:
+                self.fail(Failure(time.time(), (
+                    f"rank {rank} ({self.hosts.get(rank, '?')}) failed ({st['ended']}), and its process has not exited "
+                    f"{grace:.0f} s later: Python waits for threads of its script that are not daemons (its last "
+                    f"lines name them){self._who_waits({r: w for r, w in self._waiting_for(now).items() if r != rank})}"),
+                    rank))
+                return
+
     def _check_went_on(self) -> None:
         """A rank that left a collective by an exception and went on: the ranks that wait in that
         collective wait for good. Not as soon as it left: an exception that ends the script ends
@@ -590,7 +619,7 @@ class Coordinator:
         grace = self.stall_timeout_s if self.stall_timeout_s > 0 else HALFWAY_GRACE_S
         for rank, st in sorted(self.status.items()):
             broken = st.get("broken")
-            if broken is None or rank in self.exits:
+            if broken is None or rank in self.exits or st.get("ended") is not None:  # ended: _check_ended's
                 continue
             waiting = {r: w for r, w in self._waiting_for(now).items() if r != rank}
             if broken["went_on"]:

@@ -128,6 +128,10 @@ class Collectives:
         # wait in it for data that will never come, and its sockets may hold part of it. Nothing
         # can follow it (``_collective``); the heartbeat and the goodbye tell the launcher.
         self.broken: dict | None = None
+        # The exception that ended the script ("Type: message"), once it has (bootstrap.py): a
+        # rank whose process then does not exit waits for threads of the script, and the launcher
+        # ends the job rather than wait with it.
+        self.ended: str | None = None
         self.last_algorithm = ""  # which path the last all_reduce took (for benchmarks)
         self._op = 0
         self._lock = threading.Lock()  # collectives are issued one at a time, in the same order everywhere
@@ -625,6 +629,8 @@ class Collectives:
                 status["waiting"]["root"] = current[4]
         if self.broken is not None:
             status["broken"] = dict(self.broken)
+        if self.ended is not None:
+            status["ended"] = self.ended
         return status
 
     @property

@@ -279,6 +279,14 @@ def _orphaned(env: WorkerEnv) -> bool:
     return True
 
 
+def script_failed(exc: BaseException) -> None:
+    """The script has ended by ``exc`` (the bootstrap calls this): the heartbeats say so, for
+    as long as the process has not exited."""
+    rt = _runtime
+    if rt is not None and rt.collectives is not None and os.getpid() == rt.pid:
+        rt.collectives.ended = f"{type(exc).__name__}: {exc}"[:300]
+
+
 def shutdown() -> None:
     """Deliver what this rank still sends, close sockets and stop the control thread. Safe to
     call twice."""

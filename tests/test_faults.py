@@ -275,6 +275,23 @@ def test_a_rank_that_never_joins_is_named_without_waiting_for_the_rendezvous_tim
     assert job.seconds < 20
 
 
+def test_a_failed_rank_whose_exit_waits_for_a_thread_of_its_script_is_the_root_cause() -> None:
+    """Rank 1's script raises while a thread of it (not a daemon) loops for good: Python never
+    lets the process exit. The stall check stopped the job two stall timeouts later, naming
+    rank 1 as a rank that "made no progress" (and where all the others had finished, the job
+    waited for good). Now the script's exception is the root cause, a stall timeout after it."""
+    job = run_launch("--nproc", "3", "--stall-timeout", "2", BEHAVE, "1", "raise-held", timeout=60)
+    assert job.code != 0 and "finished" not in job.stdout, job.output
+    cause = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+    assert "rank 1 (localhost) failed (ValueError: deliberate failure on rank 1), and its process has not exited " \
+           "2 s later: Python waits for threads of its script that are not daemons" in cause, cause
+    assert "ranks 0, 2 are waiting for it in all_reduce" in cause, cause
+    assert "stall" not in job.stderr, job.stderr
+    assert re.search(r"\[rank 1\] macfleet: the script has ended, .*thread 'prefetcher' at .*behave.py:\d+ in next_batch",
+                     job.stderr), job.stderr
+    assert job.seconds < 20
+
+
 def test_ranks_waiting_for_a_late_one_to_join_say_so_and_where_it_is() -> None:
     """Rank 1 takes its time before macfleet.init() (torch imported from a cold disk, data
     loaded first): the others waited there in silence, for up to the rendezvous timeout. Once a

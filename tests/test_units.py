@@ -851,6 +851,18 @@ def test_a_rank_that_works_on_after_leaving_a_collective_is_named_with_the_stall
     assert not any("stall:" in line for line in logged), logged  # the stall check stays off
 
 
+def test_a_rank_whose_script_failed_and_whose_process_stays_ends_the_job_a_stall_timeout_later() -> None:
+    """Rank 0's script raised, and its process waits for a thread of the script that never
+    ends; rank 1 waits in no collective (it finished its steps). The job waited for rank 0's
+    exit for good; the stall check sees no one waiting. A stall timeout (1 s) ends it, not less."""
+    ended = [{"ended": "ValueError: boom"}, {}]
+    _, aborted = _stall_log([None, None], seconds=0.6, beats=ended)
+    assert aborted is None, aborted  # its atexit handlers may still be at work
+    _, aborted = _stall_log([None, None], seconds=5, beats=ended)
+    assert aborted is not None and aborted.startswith(
+        "rank 0 (mac0) failed (ValueError: boom), and its process has not exited 1 s later"), aborted
+
+
 def test_an_exit_of_any_size_fits_one_control_message() -> None:
     """Tracebacks and tails of any size and script (multi-byte UTF-8 too) must pack into one
     header the coordinator takes, with the ends of each text kept."""

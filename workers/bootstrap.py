@@ -64,14 +64,26 @@ def main() -> None:
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = exc.code
+        if code not in (0, None):
+            _tell_the_job(exc)
     except BaseException as exc:
         _report(exc, script)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        _tell_the_job(exc)
     _free_script_objects()
     if code in (0, None):
         code = _leave_job(script)
     _watch_the_exit()
     sys.exit(code)
+
+
+def _tell_the_job(exc: BaseException) -> None:
+    """Say in the heartbeats that the script ended by ``exc``, for as long as the process has
+    not exited (Python may wait for threads of the script, for good: the launcher then ends the
+    job with ``exc`` as its cause)."""
+    runtime = sys.modules.get("macfleet.runtime")  # not imported: the script never joined a job
+    if runtime is not None:
+        runtime.script_failed(exc)
 
 
 # How long a rank's exit may wait for its script's threads before the rank says which ones.

@@ -5,7 +5,7 @@ Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by 
 shared-memory segment and unlinking it, ``segfault``: a crash in native code, ``stuck``:
 alive but never back from a data loader, ``gil``: stuck in native code holding the GIL, ``busy``: working alone for a while
 (``BEHAVE_BUSY_S``, 9 s) before it joins the others, ``uploader``: leaves a thread (not a daemon) that
-works for 4.5 s after the script has ended, ``huge-error`` / ``huge-line``: an
+works for 4.5 s after the script has ended, ``raise-held``: raises, leaving such a thread that never ends, ``huge-error`` / ``huge-line``: an
 exception or a stderr line too large for one control message, ``after-shutdown``: a
 collective after ``macfleet.shutdown()``, ``early``: shut down and exit 0, ``no-init``: exit 0
 before ``macfleet.init()``, ``late``: call it only after ``BEHAVE_LATE_S`` (6 s), ``child``:
@@ -104,7 +104,9 @@ if mode == "orphans":  # FAIL_RANK leaves a process behind and exits; the others
     mark(marks, f"stuck-{rank}", str(os.getpid()))
     native_deadlock()
 if rank == fail_rank:
-    if mode in ("raise", "child"):
+    if mode == "raise-held":  # and its exit waits for good for a thread of the script (not a daemon)
+        threading.Thread(target=next_batch, name="prefetcher").start()
+    if mode in ("raise", "child", "raise-held"):
         raise ValueError(f"deliberate failure on rank {rank}")
     if mode == "exit3":
         sys.exit(3)
