@@ -103,6 +103,7 @@ class Coordinator:
         self.broken: dict[int, dict[str, Any]] = {}  # rank -> the collective it left by an exception, said at goodbye
         self._went_on_at: dict[int, float] = {}  # rank -> when a beat first said it went on from such a collective
         self._ended_at: dict[int, float] = {}  # rank -> when a beat first said its script ended by an exception
+        self._exited_at: dict[int, float] = {}  # rank -> when its exit reached us
         self.waits: dict[int, tuple[float, float]] = {}  # rank -> (seconds it waited on the others, seconds it ran)
         self.stood_by: dict[int, float] = {}  # rank -> seconds it stood by, out of batches, in DataParallel.join()
         self.speeds: dict[int, float] = {}  # rank -> its share of a step's samples per second of its work in one
@@ -406,6 +407,7 @@ class Coordinator:
     def _on_exit(self, msg: dict[str, Any], peer: Peer) -> None:
         exit_ = WorkerExit.from_fields(msg)
         self.exits[exit_.rank] = exit_
+        self._exited_at[exit_.rank] = time.monotonic()
         self.peers.setdefault(f"rank-{exit_.rank}", Peer(b"")).watched = False
         if len(self.exits) == self.world_size:  # agent 0 serves the store until the last rank is out
             self.send("agent-0", protocol.END)
@@ -557,9 +559,22 @@ class Coordinator:
     def _check_left_behind(self) -> None:
         """A rank waiting in a collective that a finished rank never entered waits forever:
         every collective needs every rank. Say so now, rather than after the stall timeout."""
-        if not self.last_ops or self.aborted is not None:
+        if self.aborted is not None or not any(e.code == 0 for e in self.exits.values()):
             return
-        for rank, waiting in sorted(self._waiting_for(time.monotonic()).items()):
+        now = time.monotonic()
+        # exited with code 0 but never said goodbye, which names its last collective: os._exit()
+        # (a library's, or a signal handler's) skips macfleet's exit. Its goodbye, sent before
+        # the process ended, would have come by now; the others wait for it for good.
+        silent = sorted(r for r, e in self.exits.items() if e.code == 0 and r in self.registered and
+                        r not in self.last_ops and now - self._exited_at[r] > 2 * protocol.HEARTBEAT_S)
+        for rank, waiting in sorted(self._waiting_for(now).items()):
+            if silent:
+                who = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in silent)
+                self.fail(Failure(time.time(), (
+                    f"rank {rank} waits in {waiting.get('op')} (op {waiting.get('id')}) for rank"
+                    f"{'s' if len(silent) > 1 else ''} {who}, which exited (code 0) without leaving the job: "
+                    f"os._exit() skips macfleet's exit, and every rank must call the same collectives"), silent[0]))
+                return
             op = waiting.get("id")
             # exited with code 0: a rank that fails says goodbye too (at exit), and its failure is the cause
             gone = sorted(r for r, last in self.last_ops.items()

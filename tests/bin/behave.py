@@ -7,7 +7,7 @@ alive but never back from a data loader, ``gil``: stuck in native code holding t
 (``BEHAVE_BUSY_S``, 9 s) before it joins the others, ``uploader``: leaves a thread (not a daemon) that
 works for 4.5 s after the script has ended, ``raise-held``: raises, leaving such a thread that never ends, ``huge-error`` / ``huge-line``: an
 exception or a stderr line too large for one control message, ``after-shutdown``: a
-collective after ``macfleet.shutdown()``, ``early``: shut down and exit 0, ``no-init``: exit 0
+collective after ``macfleet.shutdown()``, ``early``: shut down and exit 0, ``os-exit``: ``os._exit(0)``, ``no-init``: exit 0
 before ``macfleet.init()``, ``late``: call it only after ``BEHAVE_LATE_S`` (6 s), ``child``:
 raise, as every rank leaves a background process holding its stdout and stderr, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
@@ -137,6 +137,8 @@ if rank == fail_rank:
             threading.main_thread().join()  # the script has ended
             time.sleep(4.5)  # the upload itself: past the 3 s after which the rank names the thread
         threading.Thread(target=upload, name="uploader").start()
+    if mode == "os-exit":  # code 0, but no goodbye: os._exit skips macfleet's exit hook
+        os._exit(0)
     if mode == "early":  # a clean finish, while the others still have collectives to do
         macfleet.shutdown()
         sys.exit(0)
