@@ -220,12 +220,13 @@ class Coordinator:
                 self._stall_reported = None  # a stall after the debugging is reported afresh
                 self.send_each("rank", protocol.HOLD, on=held)
 
-    def _waiting_for(self, now: float, longer_than: float = 0.0) -> dict[int, dict[str, Any]]:
-        """Ranks that have been inside a collective for more than ``longer_than`` seconds."""
+    def _waiting_for(self, now: float, longer_than: float = 0.0, but: int | None = None) -> dict[int, dict[str, Any]]:
+        """Ranks (other than ``but``) that have been inside a collective for more than
+        ``longer_than`` seconds."""
         out = {}
         for rank, st in self.status.items():
             waiting = st.get("waiting")
-            if waiting and rank not in self.exits and self._waited(st, now) > longer_than:
+            if waiting and rank != but and rank not in self.exits and self._waited(st, now) > longer_than:
                 out[rank] = waiting
         return out
 
@@ -481,7 +482,7 @@ class Coordinator:
                 self.lost.add(name)
                 rank = int(name.split("-")[1]) if name.startswith("rank-") else None
                 who = f"rank {rank} ({self.hosts.get(rank, '?')})" if rank is not None else self._agent(name)
-                waiting = {r: w for r, w in self._waiting_for(now).items() if r != rank}
+                waiting = self._waiting_for(now, but=rank)
                 cause = "stopped, hung, asleep, or its host is cut off"
                 if rank is not None:  # hung holding the GIL? its agent can still get its stacks (dumps.py)
                     self.send_each("agent", protocol.STACKS, rank=rank)
@@ -598,6 +599,13 @@ class Coordinator:
                     rank))
                 return
 
+    @property
+    def _grace_s(self) -> float:
+        """How long a rank that left the script's course by an exception (it works on, or its
+        process does not exit) is given before the job fails: the stall timeout, or
+        ``HALFWAY_GRACE_S`` with the stall check off."""
+        return self.stall_timeout_s if self.stall_timeout_s > 0 else HALFWAY_GRACE_S
+
     def _check_ended(self) -> None:
         """A rank whose script ended by an exception exits within moments, after its atexit
         handlers, and its exit is the root cause, with its traceback. One still there a grace
@@ -609,7 +617,7 @@ class Coordinator:
         if self.aborted is not None:
             return
         now = time.monotonic()
-        grace = self.stall_timeout_s if self.stall_timeout_s > 0 else HALFWAY_GRACE_S
+        grace = self._grace_s
         for rank, st in sorted(self.status.items()):
             if st.get("ended") is None or rank in self.exits:
                 continue
@@ -617,7 +625,7 @@ class Coordinator:
                 self.fail(Failure(time.time(), (
                     f"rank {rank} ({self.hosts.get(rank, '?')}) failed ({st['ended']}), and its process has not exited "
                     f"{grace:.0f} s later: Python waits for threads of its script that are not daemons (its last "
-                    f"lines name them){self._who_waits({r: w for r, w in self._waiting_for(now).items() if r != rank})}"),
+                    f"lines name them){self._who_waits(self._waiting_for(now, but=rank))}"),
                     rank))
                 return
 
@@ -631,12 +639,12 @@ class Coordinator:
         if self.aborted is not None:
             return
         now = time.monotonic()
-        grace = self.stall_timeout_s if self.stall_timeout_s > 0 else HALFWAY_GRACE_S
+        grace = self._grace_s
         for rank, st in sorted(self.status.items()):
             broken = st.get("broken")
             if broken is None or rank in self.exits or st.get("ended") is not None:  # ended: _check_ended's
                 continue
-            waiting = {r: w for r, w in self._waiting_for(now).items() if r != rank}
+            waiting = self._waiting_for(now, but=rank)
             if broken["went_on"]:
                 seen = self._went_on_at.setdefault(rank, now)
                 if not waiting and now - seen < 2 * protocol.HEARTBEAT_S:

@@ -609,7 +609,7 @@ class Collectives:
                     self.history.failed_in = op_id
                     if not isinstance(exc, (JobAborted, PeerLost)):  # those end the job anyway
                         self.broken = {"op": op_id, "what": f"{kind} (op {op_id})", "went_on": False,
-                                       "error": f"{type(exc).__name__}: {exc}"[:300]}
+                                       "error": error_line(exc)}
                     raise
                 finally:
                     self.current = None
@@ -734,6 +734,11 @@ def _check_writable(tensor: torch.Tensor, name: str, collective: str) -> None:
     if any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape, strict=True)):
         raise ConfigError(f"{name} is an expanded view (several of its elements are one memory location), and "
                           f"{collective} writes its result into it: give {name}.clone()")
+
+
+def error_line(exc: BaseException) -> str:
+    """``Type: message`` of an exception, cut to fit a heartbeat: for the launcher's report."""
+    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 def host_memory(tensor: torch.Tensor) -> memoryview:

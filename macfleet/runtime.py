@@ -27,7 +27,7 @@ import zmq
 
 from macfleet import backends, errorfile, hostops, knobs, protocol, segments
 from macfleet.collectives import (SMALL_BYTES, ZERO_COPY_BYTES, Collectives, check_all_gather, check_all_reduce,
-                                  check_broadcast)
+                                  check_broadcast, error_line)
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
 from macfleet.errors import ConfigError, MacfleetError, ProtocolError, RendezvousError
@@ -284,7 +284,7 @@ def script_failed(exc: BaseException) -> None:
     as long as the process has not exited."""
     rt = _runtime
     if rt is not None and rt.collectives is not None and os.getpid() == rt.pid:
-        rt.collectives.ended = f"{type(exc).__name__}: {exc}"[:300]
+        rt.collectives.ended = error_line(exc)
 
 
 def shutdown() -> None:
