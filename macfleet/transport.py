@@ -213,8 +213,14 @@ class Channel:
 
     def _read_answer(self, wait: bool = True) -> bool:
         op, meta = self._answers[0]
-        if self._receive(op, 0, 0, meta, wait) is None:
-            return False
+        try:
+            if self._receive(op, 0, 0, meta, wait) is None:
+                return False
+        except ProtocolError:
+            # Said once. Read again as the rank leaves the job, what comes next is the other
+            # rank's next collective, and it printed a second, misleading error at exit.
+            self._answers.clear()
+            raise
         self.pull.recv(copy=False)  # its empty payload
         self._answers.popleft()
         return True
