@@ -328,24 +328,42 @@ class Collectives:
 
     def _broadcast_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, root: int,
                       meta: dict) -> None:
-        """The member at clockwise position ``root``'s ``work`` to every member, passed on
-        clockwise in pieces, so each hop forwards one piece while the next comes in."""
-        ch = ring.channels[0]
+        """The member at clockwise position ``root``'s ``work`` to every member, in pieces, each
+        member passing a piece on while the next comes in.
+
+        A tensor of one piece (up to ``MIN_BROADCAST_PIECE_BYTES``) goes both ways round a ring
+        of three or more, as the small all-reduce's blocks do: the farthest member has it after
+        about n / 2 hops instead of n - 1, and a small broadcast's time is its hops. A larger one
+        goes clockwise only, so the root sends every byte once: its time is its pieces, and a
+        second direction would put them twice on the root's link."""
+        n, size = ring.world, work.element_size()
+        nbytes = work.numel() * size
+        piece_bytes = min(self.chunk_bytes, max(MIN_BROADCAST_PIECE_BYTES, nbytes // BROADCAST_PIECES))
+        pieces = [raw[a * size: b * size] for a, b in _chunks(0, work.numel(), max(1, piece_bytes // size))]
+        cw, ccw = ring.channels[0], ring.channels[1]
+        both = n >= 3 and nbytes <= MIN_BROADCAST_PIECE_BYTES
+        reach = (n // 2, (n - 1) // 2) if both else (n - 1, 0)  # how many members each direction serves
+        ahead = (cw.position - root) % n  # this member's hops clockwise from the root
+        if ahead == 0:
+            for ch, count in zip((cw, ccw), reach):
+                if count:
+                    ch.begin(op_id)
+                    for piece in pieces:
+                        ch.send(piece, meta)
+            if n > 1:
+                cw.expect_answer(meta)
+            return
+        ch, hops, count = (cw, ahead, reach[0]) if ahead <= reach[0] else (ccw, n - ahead, reach[1])
         ch.begin(op_id)
-        me, last = ch.position, (root - 1) % ring.world  # the last does not pass it on
-        size = work.element_size()
-        piece_bytes = min(self.chunk_bytes, max(MIN_BROADCAST_PIECE_BYTES, work.numel() * size // BROADCAST_PIECES))
-        for a, b in _chunks(0, work.numel(), max(1, piece_bytes // size)):
-            piece = raw[a * size: b * size]
-            if me != root:
-                ch.recv_header(len(piece), meta)
-                ch.recv_into(piece)
-            if me != last:
+        for piece in pieces:
+            ch.recv_header(len(piece), meta)
+            ch.recv_into(piece)
+            if hops < count:  # the last member of each direction does not pass it on
                 ch.send(piece, meta)
-        if me == last and me != root:
-            ch.send(b"", meta)  # the answer (Channel.expect_answer): it names the source this rank took
-        if me == root and me != last:
-            ch.expect_answer(meta)
+        if ahead == n - 1:  # the member before the root answers it (Channel.expect_answer), clockwise
+            if ch is not cw:
+                cw.begin(op_id)
+            cw.owe_answer(meta)  # it names the source this rank took
 
     def _reduce_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
                    meta: dict, wire: torch.dtype | None = None) -> None:

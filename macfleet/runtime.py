@@ -327,6 +327,8 @@ def _last_answers(rt: Runtime) -> ProtocolError | None:
     due = min((op for ring in collectives.rings for op in ring.answers_due()), default=0)
     try:
         with collectives.waiting():  # for the others, as in a collective (the pace line's shares)
+            for ring in collectives.rings:  # first what this rank owes: the others may be waiting for it
+                ring.send_owed()
             for ring in collectives.rings:
                 ring.read_answers()
     except ProtocolError as exc:

@@ -109,6 +109,9 @@ class Channel:
         # (op, meta) of each broadcast this rank was the source of whose last member has yet to
         # answer: see expect_answer
         self._answers: deque[tuple[int, dict[str, Any]]] = deque()
+        # (op, meta) of each broadcast whose source is ``next_rank``, and whose answer this rank
+        # has still to send it: see owe_answer
+        self._owed: deque[tuple[int, dict[str, Any]]] = deque()
         self.pull = ctx.socket(zmq.PULL)
         self.push = ctx.socket(zmq.PUSH)
         # (push, pull) on I/O threads of their own: one thread moves one flow at a time, and a
@@ -162,7 +165,9 @@ class Channel:
                        f"train over)")
 
     def begin(self, op: int) -> None:
-        """Start a new collective on this channel: sequence numbers restart per op."""
+        """Start a new collective on this channel: sequence numbers restart per op. The answers
+        this rank owes go first, ahead of the new op's messages, where the source reads them."""
+        self.send_owed()
         self._op, self._seq_out, self._seq_in = op, 0, 0
 
     # -- sending ----------------------------------------------------------------------------
@@ -178,21 +183,37 @@ class Channel:
         sends later depends on it, or until ``Ring.settle``. Not until libzmq releases the
         message: a 2.4 MB all-reduce between two hosts once hung every time waiting for pyzmq's
         tracker of a message the peer had long received (benchmarks/results/2026-11-22-session6)."""
-        # meta first: the schedule fields must win over a collective's own keys
-        fields = {**(meta or {}), "job": self.job_id, "op": self._op, "seq": self._seq_out, "src": self.rank,
-                  "n": len(payload)}
-        mac, header = wire.pack(self.secret, fields)
+        self._send(self._op, self._seq_out, payload, meta, copy)
         self._seq_out += 1
+
+    def _send(self, op: int, seq: int, payload: memoryview | bytes | zmq.Frame, meta: dict[str, Any] | None,
+              copy: bool) -> None:
+        # meta first: the schedule fields must win over a collective's own keys
+        fields = {**(meta or {}), "job": self.job_id, "op": op, "seq": seq, "src": self.rank, "n": len(payload)}
+        mac, header = wire.pack(self.secret, fields)
         self._wait(self.push, zmq.POLLOUT, "send to", self.next_rank)
         self.push.send(mac, zmq.SNDMORE)
         self.push.send(header, zmq.SNDMORE)
         self.push.send(payload, copy=copy)
 
+    def owe_answer(self, meta: dict[str, Any]) -> None:
+        """The current op is a broadcast from ``next_rank``, the member after this one, and this
+        rank owes it the empty answer that ``expect_answer`` waits for. It goes at the start
+        of this channel's next op (``begin``), or at shutdown (``send_owed``), not now: sent
+        before the broadcast returned, it added a message's cost to the time this member waits
+        for the tensor, the broadcast's time (benchmarks/results/2026-11-26-session34)."""
+        self._owed.append((self._op, meta))
+
+    def send_owed(self) -> None:
+        while self._owed:
+            op, meta = self._owed.popleft()
+            self._send(op, 0, b"", meta, copy=True)  # seq 0: nothing else goes to the source on this channel
+
     # -- receiving --------------------------------------------------------------------------
     def expect_answer(self, meta: dict[str, Any]) -> None:
-        """This op is a broadcast from this rank, and ``prev_rank``, its last member, answers
-        with an empty message, whose header is checked against ``meta`` as every piece's is.
-        Otherwise a rank that takes itself for the source only sends, and ranks that name
+        """This op is a broadcast from this rank, and ``prev_rank``, the member before it,
+        answers with an empty message (``owe_answer``), whose header is checked against ``meta``
+        as every piece's is. Otherwise a rank that takes itself for the source only sends, and ranks that name
         different sources (each passing its own rank) would each keep its own tensor with no
         error. The answer is read before anything else this channel receives (the next
         collective's first message, or ``read_answers`` at shutdown), not now: a source waiting
@@ -214,7 +235,7 @@ class Channel:
     def _read_answer(self, wait: bool = True) -> bool:
         op, meta = self._answers[0]
         try:
-            if self._receive(op, 0, 0, meta, wait) is None:
+            if self._receive(op, 0, 0, meta, wait, answer=True) is None:
                 return False
         except ProtocolError:
             # Said once. Read again as the rank leaves the job, what comes next is the other
@@ -234,7 +255,7 @@ class Channel:
         return fields
 
     def _receive(self, op: int, seq: int, nbytes: int, meta: dict[str, Any] | None,
-                 wait: bool = True) -> dict[str, Any] | None:
+                 wait: bool = True, answer: bool = False) -> dict[str, Any] | None:
         """The header of message ``seq`` of op ``op``; anything else that comes first is dropped.
         Without ``wait``, None where no message is here."""
         while True:
@@ -246,7 +267,7 @@ class Channel:
             while self.pull.getsockopt(zmq.RCVMORE) and len(frames) < 2:
                 frames.append(self.pull.recv(copy=False))
             try:
-                fields = self._check(frames, op, seq, nbytes, meta)
+                fields = self._check(frames, op, seq, nbytes, meta, answer)
             except wire.BadMessage:
                 self.dropped += 1
                 self._drain()
@@ -263,7 +284,7 @@ class Channel:
             raise ProtocolError(f"rank {self.prev_rank} sent {got} bytes where {len(dest)} were due")
 
     def _check(self, frames: list[zmq.Frame], op: int, seq: int, nbytes: int,
-               meta: dict[str, Any] | None) -> dict[str, Any]:
+               meta: dict[str, Any] | None, answer: bool = False) -> dict[str, Any]:
         if len(frames) != 2 or not self.pull.getsockopt(zmq.RCVMORE):
             raise wire.BadMessage("wrong frame count")
         fields = wire.unpack(self.secret, frames[0].buffer, frames[1].buffer)
@@ -279,6 +300,12 @@ class Channel:
                 # connection that broke and came back would read the same; between two live
                 # processes that takes a peer kernel that forgot the connection, and the job
                 # would not have survived it before either.)
+                if answer:  # owed, it would have come first: a rank sends what it owes as its next op begins
+                    raise ProtocolError(
+                        f"rank {self.prev_rank}, the member before rank {self.rank} on the ring, went on to "
+                        f"collective #{ahead} ({_described(fields)}) without answering rank {self.rank}'s broadcast "
+                        f"#{op} ({_described(meta or {})}): rank {self.prev_rank} took another rank for the source "
+                        f"(every rank must name the same source)")
                 raise ProtocolError(
                     f"rank {self.prev_rank} is in collective #{ahead} ({_described(fields)}) while rank {self.rank} "
                     f"waits for its data in #{op} ({_described(meta or {})}): rank {self.prev_rank} has made "
@@ -409,6 +436,10 @@ class Ring:
 
     def answers_due(self) -> list[int]:
         return [op for ch in self.channels for op in ch.answers_due()]
+
+    def send_owed(self) -> None:
+        for ch in self.channels:
+            ch.send_owed()
 
     def read_answers(self) -> None:
         for ch in self.channels:

@@ -168,23 +168,28 @@ def test_hierarchical_all_reduce_across_hosts_is_exact(sshd, tmp_path, case_list
               hosts=["--hosts", "127.0.0.2:2,127.0.0.3:1,127.0.0.1:2", *sshd.launch_options()])
 
 
-@pytest.mark.parametrize("where", ["one host", "three hosts"])
+@pytest.mark.parametrize("where", ["one host", "three hosts", "sockets only"])
 def test_broadcasts_from_every_rank_and_gathers_through_shared_memory(request, tmp_path, where: str) -> None:
     """Broadcasts and all-gathers go through shared memory (a ring over sockets took a hop per
     rank: SyncBatchNorm gathers in every forward, DataParallel broadcasts buffers). From every
     source: across hosts a leader, a rank that is not one, and a host of one rank, in 8 KiB
     slots so that 5000 floats take three rounds. Then 300 one-round collectives back to back:
     a rank past their only barrier announces the next while others still check this one's
-    announcements, which read as ranks in different collectives before that was allowed for."""
+    announcements, which read as ranks in different collectives before that was allowed for.
+    ``sockets only``: the ring of all five ranks, where a broadcast of up to 256 KiB goes both
+    ways round it (the hosts' ring of three, above, takes that path too) and a larger one
+    (70001 floats) one way, in pieces."""
+    sizes = (("float32", 5000), ("int8", 3)) + ((("float32", 70001),) if where == "sockets only" else ())
     cases = [{"kind": "broadcast", "dtype": dtype, "numel": numel, "seed": src, "op": "sum", "src": src}
-             for src in range(5) for dtype, numel in (("float32", 5000), ("int8", 3))]
+             for src in range(5) for dtype, numel in sizes]
     cases += [{"kind": "all_gather", "dtype": "float64", "numel": 2500, "seed": 9, "op": "sum", "src": 0}]
     cases += [{"kind": ("broadcast", "all_gather")[k % 2], "dtype": "float32", "numel": 1 + k % 7, "seed": k,
                "op": "sum", "src": k % 5} for k in range(300)]
     hosts = None
     if where == "three hosts":
         hosts = ["--hosts", "127.0.0.2:2,127.0.0.3:1,127.0.0.1:2", *request.getfixturevalue("sshd").launch_options()]
-    run_cases(tmp_path, 5, cases, {"MACFLEET_SHM_SLOT_BYTES": "8192"}, hosts=hosts)
+    env = {"MACFLEET_SHM": "0"} if where == "sockets only" else {"MACFLEET_SHM_SLOT_BYTES": "8192"}
+    run_cases(tmp_path, 5, cases, env, hosts=hosts)
 
 
 @pytest.mark.parametrize("zero_copy_bytes", ["1", str(1 << 30)], ids=["zero-copy", "copy"])

@@ -383,11 +383,14 @@ def test_ranks_that_broadcast_from_different_sources_over_sockets_fail(mode: str
     cause = root.split("other ranks")[0]
     assert "ProtocolError" in cause and "every rank must name the same source" in cause, root
     # each source hears from the member before it, which took another rank for the source (the
-    # first to find out is the root cause; the other may be stopped by the abort first)
+    # first to find out is the root cause; the other may be stopped by the abort first). A
+    # broadcast of 8 floats goes both ways round the ring: rank 2 heard from rank 0 clockwise,
+    # and rank 1, which took rank 0 for the source, sends rank 2 nothing until the next collective.
     found = [re.search(r"rank 2 is in broadcast of 8 float32 from rank 2 while rank 0 is in broadcast of 8 float32 "
                        r"from rank 0 \(collective #2\)", cause),
-             re.search(r"rank 1 is in broadcast of 8 float32 from rank 0 while rank 2 is in broadcast of 8 float32 "
-                       r"from rank 2 \(collective #2\)", cause)]
+             re.search(r"rank 1, the member before rank 2 on the ring, went on to collective #3 \(all_reduce of 8 "
+                       r"float32\) without answering rank 2's broadcast #2 \(broadcast of 8 float32 from rank 2\): "
+                       r"rank 1 took another rank for the source", cause)]
     assert any(found), root
     assert "Exception ignored" not in job.stdout, job.stdout  # the error is said once, not again at exit
     if mode == "root-last":  # the report marks the broadcast, the script's last line that made a collective
