@@ -92,7 +92,24 @@ class Unreached:
 
 
 def log(message: str) -> None:
-    print(f"macfleet: {message}", file=sys.stderr, flush=True)
+    _say(f"macfleet: {message}")
+
+
+def _say(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        _stderr_gone()
+
+
+def _stderr_gone() -> None:
+    """Whatever read our stderr has gone (``macfleet launch ... 2>&1 | head``): the job goes on
+    without its lines, as the agents go on without the ranks' output. The failed write used to
+    raise out of the launcher: a job whose ranks all exited 0 exited 1 (on the last line), or
+    was stopped (on a line in mid-job), and the thread that copies an agent's stderr died, so
+    a rank that wrote more than a pipe holds to its stderr waited for good. Later writes, and
+    the interpreter's last flush, now go nowhere."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
 
 
 def start_agent(spec: AgentSpec, host: Host, cfg: LaunchConfig) -> AgentProc:
@@ -125,8 +142,11 @@ def _relay_stderr(agent: AgentProc) -> None:
     assert stream is not None
     lines = WholeLines()
     for piece in pieces(stream.fileno()):
-        sys.stderr.buffer.write(piece)
-        sys.stderr.buffer.flush()
+        try:
+            sys.stderr.buffer.write(piece)
+            sys.stderr.buffer.flush()
+        except BrokenPipeError:
+            _stderr_gone()
         line = lines.add(piece)
         if line and not line.startswith("[rank "):
             agent.tail.append(line)
@@ -393,7 +413,7 @@ def _result(cfg: LaunchConfig, coord: Coordinator, interrupted: list[int]) -> in
         if not missing:
             return 0
         root = Failure(time.time(), f"ranks {missing} never reported an exit")
-    print(failure_report(root, coord.exits, cfg.world_size), file=sys.stderr, flush=True)
+    _say(failure_report(root, coord.exits, cfg.world_size))
     return root.exit.code if root.exit is not None else 1
 
 

@@ -488,6 +488,40 @@ def test_a_progress_bar_reaches_the_terminal_while_it_is_drawn(request, tmp_path
         kill_group(proc.pid)
 
 
+READER_GONE = """
+import sys, time
+import torch
+import macfleet
+macfleet.init()
+started = time.monotonic()
+while time.monotonic() - started < 1.5:  # long enough for the launcher's last line, the pace line
+    macfleet.all_reduce(torch.ones(4))
+for _ in range(200):  # more than a pipe holds (64 KiB), through the agent to the launcher's stderr
+    print("x" * 1000, file=sys.stderr, flush=True)
+print("finished", flush=True)
+"""
+
+
+def test_a_job_whose_stderr_reader_has_gone_still_ends_with_its_ranks_code(tmp_path) -> None:
+    """``macfleet launch ... 2>&1 | head``: once the reader has gone, each launcher line failed
+    (BrokenPipeError) and the error ended the launcher. Its last line, the pace line, made a job
+    whose ranks all exited 0 exit 1; a line in mid-job would have stopped the job. The thread
+    that copies the ranks' stderr died on it too, and a rank that wrote more than a pipe holds
+    to its stderr waited for good."""
+    script = tmp_path / "reader_gone.py"
+    script.write_text(READER_GONE)
+    read, write = os.pipe()
+    os.close(read)  # gone before the first line
+    proc = subprocess.Popen(launch_command("--nproc", "2", str(script)), stdout=subprocess.PIPE, stderr=write,
+                            text=True, start_new_session=True)
+    os.close(write)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        kill_group(proc.pid)
+    assert proc.returncode == 0 and out.count("finished") == 2, (proc.returncode, out)
+
+
 def test_log_dir_keeps_every_ranks_output_while_show_ranks_quiets_the_terminal(tmp_path) -> None:
     """Rank 1 fails in both attempts, hidden from the terminal: its log holds both attempts,
     unprefixed, and the report still names its error."""
