@@ -494,8 +494,10 @@ import torch
 import macfleet
 macfleet.init()
 started = time.monotonic()
-while time.monotonic() - started < 1.5:  # long enough for the launcher's last line, the pace line
-    macfleet.all_reduce(torch.ones(4))
+done = torch.zeros(1)
+while not done.item():  # 1.5 s of all-reduces, long enough for the launcher's last line (the pace line)
+    done.fill_(time.monotonic() - started > 1.5)
+    macfleet.all_reduce(done, "max")  # every rank stops after the same one
 for _ in range(200):  # more than a pipe holds (64 KiB), through the agent to the launcher's stderr
     print("x" * 1000, file=sys.stderr, flush=True)
 print("finished", flush=True)
