@@ -213,12 +213,12 @@ class Channel:
     def expect_answer(self, meta: dict[str, Any]) -> None:
         """This op is a broadcast from this rank, and ``prev_rank``, the member before it,
         answers with an empty message (``owe_answer``), whose header is checked against ``meta``
-        as every piece's is. Otherwise a rank that takes itself for the source only sends, and ranks that name
-        different sources (each passing its own rank) would each keep its own tensor with no
-        error. The answer is read before anything else this channel receives (the next
-        collective's first message, or ``read_answers`` at shutdown), not now: a source waiting
-        for it heard nothing for the whole transfer, and the launcher's stall check took it for
-        a stuck rank."""
+        as every piece's is. Otherwise a rank that takes itself for the source only sends, and
+        ranks that name different sources (each passing its own rank) would each keep its own
+        tensor with no error. The answer is read before anything else this channel receives (the
+        next collective's first message, or ``read_answers`` at shutdown), not now: a source
+        waiting for it heard nothing for the whole transfer, and the launcher's stall check took
+        it for a stuck rank."""
         # Those already here first: a script that only broadcasts from this rank piles none up
         while self._answers and self._read_answer(wait=False):
             pass
