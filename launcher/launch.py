@@ -25,7 +25,7 @@ from macfleet.launcher import cabling
 from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
-from macfleet.lines import WholeLines, pieces
+from macfleet.lines import WholeLines, forward_nowhere, pieces
 from macfleet.netaddr import CABLE_ADVICE, over_wifi, route_source
 from macfleet.launcher.report import failure_report, facts_table, pace_report, stood_by_report, versions_differ
 from macfleet.launcher.stdin import StdinRelay
@@ -109,7 +109,7 @@ def _stderr_gone() -> None:
     was stopped (on a line in mid-job), and the thread that copies an agent's stderr died, so
     a rank that wrote more than a pipe holds to its stderr waited for good. Later writes, and
     the interpreter's last flush, now go nowhere."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+    forward_nowhere(sys.stderr.fileno())
 
 
 def start_agent(spec: AgentSpec, host: Host, cfg: LaunchConfig) -> AgentProc:

@@ -71,6 +71,16 @@ def pieces(fd: int, settle_s: float = SETTLE_S, ended: int | None = None) -> Ite
         yield pending
 
 
+def forward_nowhere(fd: int) -> None:
+    """Whatever read ``fd`` (our stdout or stderr) has gone (``... | head``, a closed terminal,
+    an ssh channel closed at the launcher's end): point it at /dev/null. Later writes, and the
+    interpreter's last flush of what its buffer still holds, then succeed with nothing shown,
+    instead of raising ``BrokenPipeError`` where nobody can read the traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def ends_line(piece: bytes) -> bool:
     return piece.endswith((b"\n", b"\r"))
 

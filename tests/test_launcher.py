@@ -488,34 +488,16 @@ def test_a_progress_bar_reaches_the_terminal_while_it_is_drawn(request, tmp_path
         kill_group(proc.pid)
 
 
-READER_GONE = """
-import sys, time
-import torch
-import macfleet
-macfleet.init()
-started = time.monotonic()
-done = torch.zeros(1)
-while not done.item():  # 1.5 s of all-reduces, long enough for the launcher's last line (the pace line)
-    done.fill_(time.monotonic() - started > 1.5)
-    macfleet.all_reduce(done, "max")  # every rank stops after the same one
-for _ in range(200):  # more than a pipe holds (64 KiB), through the agent to the launcher's stderr
-    print("x" * 1000, file=sys.stderr, flush=True)
-print("finished", flush=True)
-"""
-
-
-def test_a_job_whose_stderr_reader_has_gone_still_ends_with_its_ranks_code(tmp_path) -> None:
+def test_a_job_whose_stderr_reader_has_gone_still_ends_with_its_ranks_code() -> None:
     """``macfleet launch ... 2>&1 | head``: once the reader has gone, each launcher line failed
     (BrokenPipeError) and the error ended the launcher. Its last line, the pace line, made a job
     whose ranks all exited 0 exit 1; a line in mid-job would have stopped the job. The thread
     that copies the ranks' stderr died on it too, and a rank that wrote more than a pipe holds
     to its stderr waited for good."""
-    script = tmp_path / "reader_gone.py"
-    script.write_text(READER_GONE)
     read, write = os.pipe()
     os.close(read)  # gone before the first line
-    proc = subprocess.Popen(launch_command("--nproc", "2", str(script)), stdout=subprocess.PIPE, stderr=write,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(launch_command("--nproc", "2", str(BIN / "reader_gone.py"), "stderr"),
+                            stdout=subprocess.PIPE, stderr=write, text=True, start_new_session=True)
     os.close(write)
     try:
         out, _ = proc.communicate(timeout=60)

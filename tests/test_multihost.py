@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BIN, MNIST, Job, job_processes, kill_group, run_launch, start_launch
+from conftest import BIN, MNIST, Job, job_processes, kill_group, launch_command, run_launch, start_launch
 from test_collectives import run_cases
 from test_faults import RunningJob, behave_line
 from test_training import STEPS, reference_parameters
@@ -662,6 +662,24 @@ def test_lines_printed_on_two_hosts_at_once_arrive_whole(sshd) -> None:
         got = [line for line in job.stdout.splitlines() if line.startswith(f"[rank {rank} {host}] ")]
         assert got == [f"[rank {rank} {host}] chatter {rank} {i}" for i in range(1000)], got[:5]
     assert len(job.stdout.splitlines()) == 4000, job.stdout[:2000]
+
+
+def test_a_job_whose_stdout_reader_has_gone_ends_quietly_across_hosts(sshd) -> None:
+    """``macfleet launch --hosts ... | head``: the job ran to its end and exited 0, but each
+    remote agent, whose stdout (its ssh channel) had been closed, printed a BrokenPipeError as
+    it exited ("Exception ignored in: <stdout>"), at the end of a job in which nothing failed."""
+    read, write = os.pipe()
+    os.close(read)  # gone before the first line
+    proc = subprocess.Popen(launch_command("--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(),
+                                           str(BIN / "reader_gone.py"), "stdout"),
+                            stdout=write, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    os.close(write)
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        kill_group(proc.pid)
+    assert proc.returncode == 0 and err.count("finished") == 2, (proc.returncode, err)
+    assert "Exception ignored" not in err and "BrokenPipeError" not in err, err
 
 
 def test_remote_ranks_write_their_logs_on_their_host(sshd, tmp_path) -> None:

@@ -34,7 +34,7 @@ import zmq
 
 from macfleet import netaddr, openfiles, protocol, segments
 from macfleet.control import ControlClient
-from macfleet.lines import WholeLines, ends_line, pieces
+from macfleet.lines import WholeLines, ends_line, forward_nowhere, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
 from macfleet.workers import dumps
 from macfleet.workers.awake import keep_awake, let_sleep
@@ -599,7 +599,11 @@ def _write(sink: IO[bytes], data: bytes) -> None:
         sink.write(data)
         sink.flush()
     except (OSError, ValueError):
-        pass  # our own output is gone (launcher died, log closed): keep draining so the rank never blocks
+        # Our output is gone (the launcher died, or what read it left; a log closed): keep draining
+        # so the rank never blocks. A gone stdout or stderr goes to /dev/null from now on, or our
+        # last flush at exit would print a BrokenPipeError to the launcher, over ssh.
+        if sink in (sys.stdout.buffer, sys.stderr.buffer):
+            forward_nowhere(sink.fileno())
 
 
 def open_logs(spec: AgentSpec) -> dict[int, IO[bytes]]:
