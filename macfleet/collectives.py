@@ -134,7 +134,11 @@ class Collectives:
         self.ended: str | None = None
         self.last_algorithm = ""  # which path the last all_reduce took (for benchmarks)
         self._op = 0
-        self._lock = threading.Lock()  # collectives are issued one at a time, in the same order everywhere
+        # Collectives are made one at a time, in the same order everywhere (``_enter``): the
+        # thread in one now, and what a thread that tried to start another meanwhile was told.
+        self._entry = threading.Lock()
+        self._inside: threading.Thread | None = None
+        self._crossed: str | None = None
         self._thread = threading.local()  # this thread's caller (on_behalf_of) and waiting state (waiting)
         self._by = ""  # the caller of the collective in progress, for its headers
         extra = len(self.rings[0].channels) - 1 if self.rings else 0
@@ -258,14 +262,22 @@ class Collectives:
         """A zeroed flat host tensor that ``all_reduce`` reduces without copying it in or out
         where this host's ranks share memory (``LocalGroup.shared_tensor``); a plain one
         elsewhere. A collective: every rank calls it in the same order with the same size."""
-        with self.waiting(), self._lock:  # its barriers must not interleave with a collective on another thread
-            op_id = self.next_op()  # drawn with shared memory or without, so numbers agree across hosts
-            signature = Signature(op_id, "shared_tensor", numel, dtype, caller=self.caller)
-            self.history.add(op_id, signature, call_site())
-            if self.shared_memory and self.local is not None and numel > 0:
-                self.local.announce(signature)
-                return self.local.shared_tensor(numel, dtype)
-        return torch.zeros(numel, dtype=dtype)
+        with self.waiting():
+            self._enter("host_tensor")  # its barriers must not interleave with a collective on another thread
+            try:
+                op_id = self.next_op()  # drawn with shared memory or without, so numbers agree across hosts
+                signature = Signature(op_id, "shared_tensor", numel, dtype, caller=self.caller)
+                self.history.add(op_id, signature, call_site())
+                if self.shared_memory and self.local is not None and numel > 0:
+                    self.local.announce(signature)
+                    tensor = self.local.shared_tensor(numel, dtype)
+                else:
+                    tensor = torch.zeros(numel, dtype=dtype)
+            finally:
+                crossed = self._leave()
+            if crossed is not None:
+                raise self._crossing(crossed, "host_tensor", op_id)
+        return tensor
 
     def barrier(self) -> None:
         self.all_reduce(torch.zeros(1, dtype=torch.int32), "sum", name="barrier")
@@ -610,9 +622,10 @@ class Collectives:
                 f"collective would line up with theirs. Let that exception end the script")
         if self.ahead is not None and not getattr(self._thread, "background", False):
             self.ahead()
+        self._enter(kind)
         since = self._start_waiting()  # inline, not self.waiting(): a generator costs 1-2 us a collective
         try:
-            with self._lock, hostops.threads_for(nbytes, self.inline_bytes):
+            with hostops.threads_for(nbytes, self.inline_bytes):
                 op_id = self.next_op()
                 caller = self._by = self.caller
                 signature = Signature(op_id, kind, tensor.numel(), tensor.dtype, reduce_op, caller, root)
@@ -633,7 +646,46 @@ class Collectives:
                     self.current = None
                     self.ops_done += 1
         finally:
+            crossed = self._leave()
             self._stop_waiting(since)
+        if crossed is not None:  # it ended, but another thread's may have taken its place on other ranks
+            raise self._crossing(crossed, kind, op_id)
+
+    def _enter(self, kind: str) -> None:
+        """This thread's collective starts; unless another thread's is under way. Ranks pair
+        collectives by the order in which they make them, and two threads at once make them in
+        an order that can differ between ranks. Two that look alike (an all_reduce of the same
+        shape, from the same line) are then paired with each other across ranks, and each
+        returns a mix of the two threads' numbers: no header can tell. So that is an error for
+        both threads: this one now, the other as its collective ends."""
+        me = threading.current_thread()
+        with self._entry:
+            other = self._inside
+            if other is None:
+                self._inside = me
+                return
+            current = self.current
+            theirs = f"{current[0]} (op {current[1]}{_at(current[3])})" if current is not None else "a collective"
+            self._crossed = (
+                f"two threads of rank {self.rank} made collectives at once: thread '{other.name}' was in {theirs} "
+                f"when thread '{me.name}' started {kind}{_at(call_site())}. Ranks pair collectives by the order "
+                f"in which they make them, and threads at once may make them in another order on each rank: "
+                f"make them from one thread, or from one thread at a time in an order every rank keeps")
+            raise ConfigError(self._crossed)
+
+    def _crossing(self, crossed: str, kind: str, op_id: int) -> ConfigError:
+        """The error for the thread whose collective another thread crossed: it ended, but on
+        other ranks the other thread's may have been paired with it. No collective can follow."""
+        self.broken = {"op": op_id, "what": f"{kind} (op {op_id})", "went_on": False, "error": f"ConfigError: {crossed}"}
+        return ConfigError(f"{crossed}; this thread's {kind} (op {op_id}) may hold the other thread's numbers")
+
+    def _leave(self) -> str | None:
+        """This thread's collective has ended: what another thread that tried to start one
+        meanwhile was told (this one's result cannot be trusted either), or None."""
+        with self._entry:
+            self._inside = None
+            crossed, self._crossed = self._crossed, None
+        return crossed
 
     def status(self) -> dict:
         """For the heartbeat: collectives done, the one in progress, and how long since data last
@@ -752,6 +804,12 @@ def _check_writable(tensor: torch.Tensor, name: str, collective: str) -> None:
     if any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape, strict=True)):
         raise ConfigError(f"{name} is an expanded view (several of its elements are one memory location), and "
                           f"{collective} writes its result into it: give {name}.clone()")
+
+
+def _at(site: tuple[str, int]) -> str:
+    """" at train.py:14", or nothing where no line of a script called (DataParallel's thread)."""
+    place = where(*site)
+    return f" at {place}" if place else ""
 
 
 def error_line(exc: BaseException) -> str:

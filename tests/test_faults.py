@@ -339,6 +339,27 @@ def test_a_rank_that_catches_an_exception_from_inside_a_collective_and_goes_on_i
     assert job.seconds < 20
 
 
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_collectives_from_two_threads_at_once_are_refused_not_mixed(shm: str, tmp_path) -> None:
+    """Two threads of a rank all-reduced at once: each rank took them in its own order, paired
+    one thread's tensor with another's (all-reduces of the same shape from the same line look
+    alike), and every thread returned a wrong sum without a word. Now the thread that starts one
+    while another's is under way is refused at once; the other's ends, then raises, as on another
+    rank the refused thread's could have taken its place."""
+    script = str(BIN / "two_threads.py")
+    job = run_launch("--nproc", "2", script, str(tmp_path), env={"MACFLEET_SHM": shm}, timeout=60)
+    assert job.code == 1, job.output
+    lines = open(script).read().splitlines()
+    sender, main = (next(i for i, t in enumerate(lines, 1) if text in t)
+                    for text in ("# the sender's all-reduce", "# the main thread's all-reduce"))
+    root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+    assert re.search(rf"ConfigError: two threads of rank 0 made collectives at once: thread 'sender' was in "
+                     rf"all_reduce \(op 1 at \S*two_threads.py:{sender}\) when thread 'MainThread' started "
+                     rf"all_reduce at \S*two_threads.py:{main}\. Ranks pair collectives by the order", root), root
+    assert "this thread's all_reduce (op 1) may hold the other thread's numbers" in job.stdout.split(
+        "[rank 0] sender: ")[1], job.stdout
+
+
 # Through shared memory every field is one comparison of the ranks' announcements, each field
 # checked by test_shm's test_ranks_that_announce_different_collectives_are_stopped_naming_both:
 # here numel stands for them, and save for a collective that macfleet itself makes. Over sockets
