@@ -98,18 +98,21 @@ def log(message: str) -> None:
 def _say(text: str) -> None:
     try:
         print(text, file=sys.stderr, flush=True)
-    except BrokenPipeError:
-        _stderr_gone()
+    except OSError as exc:
+        _stderr_failed(exc)
 
 
-def _stderr_gone() -> None:
-    """Whatever read our stderr has gone (``macfleet launch ... 2>&1 | head``): the job goes on
-    without its lines, as the agents go on without the ranks' output. The failed write used to
-    raise out of the launcher: a job whose ranks all exited 0 exited 1 (on the last line), or
-    was stopped (on a line in mid-job), and the thread that copies an agent's stderr died, so
-    a rank that wrote more than a pipe holds to its stderr waited for good. Later writes, and
-    the interpreter's last flush, now go nowhere."""
-    forward_nowhere(sys.stderr.fileno())
+def _stderr_failed(exc: OSError) -> None:
+    """Whatever read our stderr has gone: ``macfleet launch ... 2>&1 | head`` (EPIPE), or the
+    terminal of a launcher left running in the background (EIO, once it has closed). The job
+    goes on without its lines, as the agents go on without the ranks' output. The failed write
+    used to raise out of the launcher: a job whose ranks all exited 0 exited 1 (on the last
+    line), or was stopped (on a line in mid-job), and the thread that copies an agent's stderr
+    died, so a rank that wrote more than a pipe holds to its stderr waited for good. Later
+    writes, and the interpreter's last flush, now go nowhere. A stderr that is only full for
+    now (non-blocking, EAGAIN) loses that piece, and no more."""
+    if not isinstance(exc, BlockingIOError):
+        forward_nowhere(sys.stderr.fileno())
 
 
 def start_agent(spec: AgentSpec, host: Host, cfg: LaunchConfig) -> AgentProc:
@@ -145,8 +148,8 @@ def _relay_stderr(agent: AgentProc) -> None:
         try:
             sys.stderr.buffer.write(piece)
             sys.stderr.buffer.flush()
-        except BrokenPipeError:
-            _stderr_gone()
+        except OSError as exc:
+            _stderr_failed(exc)
         line = lines.add(piece)
         if line and not line.startswith("[rank "):
             agent.tail.append(line)

@@ -488,22 +488,39 @@ def test_a_progress_bar_reaches_the_terminal_while_it_is_drawn(request, tmp_path
         kill_group(proc.pid)
 
 
-def test_a_job_whose_stderr_reader_has_gone_still_ends_with_its_ranks_code() -> None:
-    """``macfleet launch ... 2>&1 | head``: once the reader has gone, each launcher line failed
-    (BrokenPipeError) and the error ended the launcher. Its last line, the pace line, made a job
-    whose ranks all exited 0 exit 1; a line in mid-job would have stopped the job. The thread
-    that copies the ranks' stderr died on it too, and a rank that wrote more than a pipe holds
-    to its stderr waited for good."""
-    read, write = os.pipe()
-    os.close(read)  # gone before the first line
-    proc = subprocess.Popen(launch_command("--nproc", "2", str(BIN / "reader_gone.py"), "stderr"),
-                            stdout=subprocess.PIPE, stderr=write, text=True, start_new_session=True)
+@pytest.mark.parametrize("gone", ["pipe", "terminal"])
+def test_a_job_whose_stderr_reader_has_gone_still_ends_with_its_ranks_code(gone: str, tmp_path) -> None:
+    """``pipe``: ``macfleet launch ... 2>&1 | head``. Once the reader had gone, each launcher line
+    failed (BrokenPipeError) and the error ended the launcher. Its last line, the pace line, made
+    a job whose ranks all exited 0 exit 1; a line in mid-job would have stopped the job. The
+    thread that copies the ranks' stderr died on it too, and a rank that wrote more than a pipe
+    holds to its stderr waited for good. ``terminal``: a launcher left running in the background
+    (``&``, ``disown``) whose terminal then closes: its writes fail with EIO, not EPIPE, and
+    with the fix for the pipe alone the job still waited for good."""
+    logs = tmp_path / "logs"  # each rank's "finished" (stdout) is there whatever the launcher's streams
+    command = launch_command("--nproc", "2", "--log-dir", str(logs), str(BIN / "reader_gone.py"), "stderr")
+    if gone == "pipe":
+        reader, write = os.pipe()
+        os.close(reader)  # gone before the first line
+        streams = {"stdout": subprocess.DEVNULL, "stderr": write}
+    else:
+        reader, write = pty.openpty()
+        streams = {"stdout": write, "stderr": write}
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, **streams, start_new_session=True)
     os.close(write)
     try:
-        out, _ = proc.communicate(timeout=60)
+        if gone == "terminal":  # the first line of a rank, then the terminal closes
+            seen, deadline = b"", time.monotonic() + 60
+            while b"[rank " not in seen and select.select([reader], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                seen += os.read(reader, 4096)
+            os.close(reader)
+            assert b"[rank " in seen, seen
+        proc.wait(timeout=60)
     finally:
         kill_group(proc.pid)
-    assert proc.returncode == 0 and out.count("finished") == 2, (proc.returncode, out)
+    assert proc.returncode == 0
+    for rank in (0, 1):
+        assert "finished" in (logs / f"rank-{rank}.log").read_text()
 
 
 def test_log_dir_keeps_every_ranks_output_while_show_ranks_quiets_the_terminal(tmp_path) -> None:

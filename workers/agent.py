@@ -598,11 +598,12 @@ def _write(sink: IO[bytes], data: bytes) -> None:
     try:
         sink.write(data)
         sink.flush()
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
         # Our output is gone (the launcher died, or what read it left; a log closed): keep draining
         # so the rank never blocks. A gone stdout or stderr goes to /dev/null from now on, or our
-        # last flush at exit would print a BrokenPipeError to the launcher, over ssh.
-        if sink in (sys.stdout.buffer, sys.stderr.buffer):
+        # last flush at exit would print a BrokenPipeError to the launcher, over ssh. (One that is
+        # only full for now, non-blocking, loses this piece.)
+        if sink in (sys.stdout.buffer, sys.stderr.buffer) and not isinstance(exc, BlockingIOError):
             forward_nowhere(sink.fileno())
 
 
