@@ -657,7 +657,9 @@ class Collectives:
         an order that can differ between ranks. Two that look alike (an all_reduce of the same
         shape, from the same line) are then paired with each other across ranks, and each
         returns a mix of the two threads' numbers: no header can tell. So that is an error for
-        both threads: this one now, the other as its collective ends."""
+        both threads: this one now, the other as its collective ends. One nested in this
+        thread's own (a signal handler's, while the thread waited in a collective) waited for
+        good on a lock; it is an error too, and the one it interrupted goes on."""
         me = threading.current_thread()
         with self._entry:
             other = self._inside
@@ -666,11 +668,18 @@ class Collectives:
                 return
             current = self.current
             theirs = f"{current[0]} (op {current[1]}{_at(current[3])})" if current is not None else "a collective"
+            ours = f"{kind} from {self.caller}" if self.caller else kind
+            if other is me:  # nested in it, and refused before it touched anything: that one goes on
+                raise ConfigError(
+                    f"rank {self.rank} started {ours}{_at(call_site())} inside {theirs}, on the same thread: a "
+                    f"signal handler (or a hook) made a collective while one was under way. Collectives cannot "
+                    f"nest: have the handler set a flag, and make the collective (a checkpoint.save, say) from "
+                    f"the training loop")
             self._crossed = (
                 f"two threads of rank {self.rank} made collectives at once: thread '{other.name}' was in {theirs} "
-                f"when thread '{me.name}' started {kind}{_at(call_site())}. Ranks pair collectives by the order "
-                f"in which they make them, and threads at once may make them in another order on each rank: "
-                f"make them from one thread, or from one thread at a time in an order every rank keeps")
+                f"when thread '{me.name}' started {ours}{_at(call_site())}. Ranks pair collectives by the order in "
+                f"which they make them, and threads at once may make them in another order on each rank: make "
+                f"them from one thread, or from one thread at a time in an order every rank keeps")
             raise ConfigError(self._crossed)
 
     def _crossing(self, crossed: str, kind: str, op_id: int) -> ConfigError:

@@ -22,6 +22,7 @@ from torch import nn
 from conftest import BIN, job_processes, kill_group, launch_command, run_launch, start_launch
 
 BEHAVE = str(BIN / "behave.py")
+NESTED = str(BIN / "nested.py")
 
 
 class RunningJob:
@@ -346,18 +347,32 @@ def test_collectives_from_two_threads_at_once_are_refused_not_mixed(shm: str, tm
     alike), and every thread returned a wrong sum without a word. Now the thread that starts one
     while another's is under way is refused at once; the other's ends, then raises, as on another
     rank the refused thread's could have taken its place."""
-    script = str(BIN / "two_threads.py")
-    job = run_launch("--nproc", "2", script, str(tmp_path), env={"MACFLEET_SHM": shm}, timeout=60)
+    job = run_launch("--nproc", "2", NESTED, "threads", str(tmp_path), env={"MACFLEET_SHM": shm}, timeout=60)
     assert job.code == 1, job.output
-    lines = open(script).read().splitlines()
-    sender, main = (next(i for i, t in enumerate(lines, 1) if text in t)
-                    for text in ("# the sender's all-reduce", "# the main thread's all-reduce"))
+    sender, main = nested_line("# the sender's all-reduce"), nested_line("# the main thread's all-reduce")
     root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
     assert re.search(rf"ConfigError: two threads of rank 0 made collectives at once: thread 'sender' was in "
-                     rf"all_reduce \(op 1 at \S*two_threads.py:{sender}\) when thread 'MainThread' started "
-                     rf"all_reduce at \S*two_threads.py:{main}\. Ranks pair collectives by the order", root), root
+                     rf"all_reduce \(op 1 at \S*nested.py:{sender}\) when thread 'MainThread' started "
+                     rf"all_reduce at \S*nested.py:{main}\. Ranks pair collectives by the order", root), root
     assert "this thread's all_reduce (op 1) may hold the other thread's numbers" in job.stdout.split(
         "[rank 0] sender: ")[1], job.stdout
+
+
+def test_a_collective_in_a_signal_handler_inside_another_is_refused_not_a_hang(tmp_path) -> None:
+    """A SIGUSR1 handler that saves a checkpoint (a collective) ran while the main thread waited
+    in an all-reduce: the save waited for good for the all-reduce it had interrupted."""
+    job = run_launch("--nproc", "2", NESTED, "handler", str(tmp_path), timeout=60)
+    assert job.code == 1, job.output
+    save, outer = nested_line("# the handler's save"), nested_line("# the all-reduce the handler interrupts")
+    root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+    assert re.search(rf"ConfigError: rank 0 started all_gather from checkpoint.save at \S*nested.py:{save} inside "
+                     rf"all_reduce \(op 1 at \S*nested.py:{outer}\), on the same thread: a signal handler", root), root
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
+def nested_line(text: str) -> int:
+    """The number of nested.py's line that holds ``text``."""
+    return next(i for i, line in enumerate(open(NESTED).read().splitlines(), 1) if text in line)
 
 
 # Through shared memory every field is one comparison of the ranks' announcements, each field
