@@ -117,6 +117,10 @@ class Collectives:
         # DataParallel.join, which forward does not wait for): any other thread's collective must
         # come after it, or ranks would number the two differently.
         self.ahead: Callable[[], None] | None = None
+        # Waits until DataParallel's thread has averaged every gradient bucket released so far
+        # (``_CommThread.drain``): a collective of the script's, made inside backward, comes after
+        # them, at the same place on every rank.
+        self.drain: Callable[[], None] | None = None
         # For the launcher's suggested shares: the seconds this rank worked in each training step
         # (DataParallel notes them, its waits left out), and its part of every step's samples.
         self.step_work_s: deque[float] = deque(maxlen=4096)
@@ -262,6 +266,7 @@ class Collectives:
         """A zeroed flat host tensor that ``all_reduce`` reduces without copying it in or out
         where this host's ranks share memory (``LocalGroup.shared_tensor``); a plain one
         elsewhere. A collective: every rank calls it in the same order with the same size."""
+        self._after_the_buckets()
         with self.waiting():
             self._enter("host_tensor")  # its barriers must not interleave with a collective on another thread
             try:
@@ -620,8 +625,7 @@ class Collectives:
                 f"this rank left {self.broken['what']} by an exception ({self.broken['error']}), and a "
                 f"collective left halfway cannot be finished: the other ranks wait in it, and no later "
                 f"collective would line up with theirs. Let that exception end the script")
-        if self.ahead is not None and not getattr(self._thread, "background", False):
-            self.ahead()
+        self._after_the_buckets()
         self._enter(kind)
         since = self._start_waiting()  # inline, not self.waiting(): a generator costs 1-2 us a collective
         try:
@@ -650,6 +654,16 @@ class Collectives:
             self._stop_waiting(since)
         if crossed is not None:  # it ended, but another thread's may have taken its place on other ranks
             raise self._crossing(crossed, kind, op_id)
+
+    def _after_the_buckets(self) -> None:
+        """A collective of the script's comes after DataParallel's that precede it: join()'s
+        round handed to its thread (``ahead``), and the buckets released so far (``drain``)."""
+        if getattr(self._thread, "background", False):  # DataParallel's own thread
+            return
+        if self.ahead is not None:
+            self.ahead()
+        if self.drain is not None:
+            self.drain()
 
     def _enter(self, kind: str) -> None:
         """This thread's collective starts; unless another thread's is under way. Ranks pair

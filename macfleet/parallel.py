@@ -472,22 +472,9 @@ class DataParallel(nn.Module):
 T = TypeVar("T")
 
 
-def in_turn(fn: Callable[[], T]) -> T:
-    """Run the collective ``fn`` after every gradient bucket released before it. A collective
-    made inside backward (``SyncBatchNorm``'s) would otherwise race the bucket thread's for the
-    next collective number, and ranks would pair it with different buckets. While the thread
-    has buckets in flight ``fn`` runs there, in release order, and this thread waits for it;
-    when it is idle nothing can be in flight (only this thread releases), so ``fn`` runs here."""
-    comm = _CommThread.existing(rt.runtime())
-    if comm is None or comm.idle():
-        return fn()
-    with rt.waiting():
-        return comm.call(fn)
-
-
 @dataclass
 class _Call:
-    """A collective for the bucket thread to run in its turn (``in_turn``)."""
+    """A collective for the bucket thread to run after what was released before it (join's round)."""
 
     fn: Callable[[], Any]
     result: Any = None
@@ -522,6 +509,8 @@ class _CommThread:
         self.error: BaseException | None = None  # sticky: after a failed exchange no gradient is trusted
         self.thread = threading.Thread(target=self._run, name="macfleet-buckets", daemon=True)
         self.thread.start()
+        if self.collectives is not None:
+            self.collectives.drain = self.drain
 
     def hand_over(self, bucket: Bucket, ready: HostEvent, release: list[Bucket], compression: str) -> None:
         """Stage ``bucket`` to the host once ``ready`` (where the device takes copies from the
@@ -531,18 +520,27 @@ class _CommThread:
         self.released += len(release)  # only the thread that runs backward hands over
         self.inbox.put((bucket, ready, release, compression))
 
-    def call(self, fn: Callable[[], T]) -> T:
-        """``fn``'s result, run on this thread after everything released before it."""
-        request = self.submit(fn)
-        self.wait([request])  # its error, or a failed exchange before it, is raised here
-        return request.result
-
     def submit(self, fn: Callable[[], Any]) -> _Call:
         """Run ``fn`` on this thread after everything released before it; ``wait`` for it."""
         request = _Call(fn)
         self.released += 1  # the threads that submit take turns: forward's, then backward's
         self.inbox.put(request)
         return request
+
+    def drain(self) -> None:
+        """Until everything released has been averaged (``Collectives.drain``): a collective of
+        the script's made inside backward (SyncBatchNorm's, a custom autograd function's) would
+        otherwise race this thread's for the next collective number, and ranks would pair it
+        with different buckets. Only the thread that runs backward releases, and it waits here,
+        so once idle nothing is in flight: the collective then runs on that thread, after the
+        buckets released before it, in the same place on every rank."""
+        if self.idle():
+            return
+        with rt.waiting(), self.done:
+            while self.finished != self.released and self.error is None:
+                self.done.wait(0.1)
+            if self.error is not None:
+                raise self.error
 
     def idle(self) -> bool:
         """Whether everything released has been averaged and every call made (then nothing
@@ -668,7 +666,7 @@ def _share_batch_statistics(module: nn.Module) -> None:
     macfleet's ranks. A script with a process group of its own keeps torch's."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
-    from macfleet.sync_batch_norm import SyncBatchNorm  # imported here: it builds on in_turn above
+    from macfleet.sync_batch_norm import SyncBatchNorm  # imported here: it builds on eagerly above
 
     for m in module.modules():
         if type(m) is nn.SyncBatchNorm:

@@ -15,7 +15,8 @@ script needs no edit. The arithmetic is torch's:
 
 So N ranks train as one process would on the whole batch with ``nn.BatchNorm``. Both
 collectives are small (2C+1 numbers a rank) and go through the host, as everything of
-macfleet's does; in backward they run in turn with the gradient buckets (``in_turn``).
+macfleet's does; in backward they come after the gradient buckets released before them
+(``Collectives.drain``).
 A forward without autograd, or in eval mode, involves no other rank (as DataParallel's).
 """
 
@@ -28,7 +29,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from macfleet import runtime as rt
-from macfleet.parallel import eagerly, in_turn
+from macfleet.parallel import eagerly
 
 
 class SyncBatchNorm(nn.SyncBatchNorm):
@@ -66,15 +67,12 @@ def _on_host(packed: torch.Tensor, collective: str) -> torch.Tensor:
     The copy to the host is made here, on the thread that runs forward or backward: the bucket
     thread must not issue device work (Metal forbids two threads' at once)."""
     host = packed.cpu()
-
-    def run() -> torch.Tensor:
-        with rt.on_behalf_of("SyncBatchNorm"):
-            if collective == "gather":
-                return rt.all_gather(host, name="batch statistics")
+    with rt.on_behalf_of("SyncBatchNorm"):
+        if collective == "gather":
+            host = rt.all_gather(host, name="batch statistics")
+        else:
             rt.all_reduce(host, "sum", name="batch statistics' gradient")
-            return host
-
-    return in_turn(run).to(packed.device)
+    return host.to(packed.device)
 
 
 class _SyncBatchNormFunction(torch.autograd.Function):

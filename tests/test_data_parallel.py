@@ -50,7 +50,7 @@ JOBS = {
     "shm-objects": ({"MACFLEET_SHM_OBJECTS": "1"}, ["buckets", "fine-tune"]),
     "default": ({}, ["single", "order", "no_sync", "unused-allowed", "zero-in-place", "two-models",
                      "two-models-one-bucket", "sparse", "shares", "rewrap", "compiled", "sync-bn", "checkpoint",
-                     "input-gradient", "two-forwards", "buffers", "validate-alone"]),
+                     "input-gradient", "two-forwards", "in-backward", "buffers", "validate-alone"]),
 }
 CHECKED_IN_THE_JOB = ("buffers", "validate-alone")  # they compare the ranks' buffers themselves
 

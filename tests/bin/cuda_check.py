@@ -3,7 +3,8 @@
 Checks on every rank, printing one line of JSON: collectives on CUDA tensors (exact; parameters
 and inference tensors in place), the DataParallel oracle on CUDA against a CPU run of the
 whole batch (one model, two in one backward, SyncBatchNorm, a reentrant checkpoint, two
-forwards before one backward, a gradient penalty, a model fine-tuned with layers unfrozen and
+forwards before one backward, a gradient penalty, a custom autograd function's all-reduce
+inside backward, a model fine-tuned with layers unfrozen and
 a new head after wrapping, and ``torch.compile`` of the wrapper with inductor), memory reports
 and the cache given back, the memory fraction, and ``PolledEvent`` (how MPS events are waited
 for) on a real device event.
@@ -123,7 +124,7 @@ out["oracle_max_diff_two_models"] = two_models_max_diff()
 gc.collect()
 # SyncBatchNorm (converted as for DDP) against plain BatchNorms on the whole batch, running
 # statistics included: its statistics cross to the host and back on the thread that runs
-# forward and backward, and its backward's collectives run in turn with the buckets
+# forward and backward, and its backward's collectives come after the buckets released before them
 sync_bn_ref = dp_cases.make("sync-bn")
 train(sync_bn_ref, sync_bn_ref, x, y)
 
@@ -140,13 +141,14 @@ out["oracle_max_diff_sync_batch_norm"] = sync_bn_max_diff()
 gc.collect()
 # what DataParallel's end of backward must find on any device: a reentrant checkpoint over the
 # last layers (the step's first gradients come in a nested backward), two forwards before one
-# backward past a buffer the first one saved, and a gradient penalty's autograd.grad
-OWN_LOSS_CASES = ("checkpoint", "two-forwards", "input-gradient")
+# backward past a buffer the first one saved, a gradient penalty's autograd.grad, and a custom
+# autograd function's all-reduce in the middle of backward (after the buckets released before it)
+BACKWARD_CASES = ("checkpoint", "two-forwards", "input-gradient", "in-backward")
 
 
 def case_max_diff(case: str) -> float:
     """``dp_cases`` CASE on the GPU against the same on the CPU on the whole batch."""
-    want, net = dp_cases.make(case), dp_cases.make(case).to(dev)
+    want, net = dp_cases.make(case), dp_cases.for_ranks(case, dp_cases.make(case).to(dev))
     model = macfleet.DataParallel(net, **tiny)
     for module, run, inputs, targets in ((want, want, x, y), (net, model, xs, ys)):
         opt = oracle.make_optimizer(module)
@@ -157,7 +159,7 @@ def case_max_diff(case: str) -> float:
     return max_diff(net, want)
 
 
-for case in OWN_LOSS_CASES:
+for case in BACKWARD_CASES:
     out[f"oracle_max_diff_{case}"] = case_max_diff(case)
 gc.collect()
 # MPS's way (Device.copies_from_training_thread): every copy to and from the host buffers
@@ -171,7 +173,7 @@ out["oracle_max_diff_copies_from_training_thread"] = max_diff(model.module, ref)
 del model
 out["oracle_max_diff_two_models_copies_from_training_thread"] = two_models_max_diff()
 out["oracle_max_diff_sync_batch_norm_copies_from_training_thread"] = sync_bn_max_diff()
-for case in OWN_LOSS_CASES:
+for case in BACKWARD_CASES:
     out[f"oracle_max_diff_{case}_copies_from_training_thread"] = case_max_diff(case)
 device_impl.copies_from_training_thread = False
 gc.collect()

@@ -36,7 +36,9 @@ comes; the model returns its logits in a dataclass), ``input-gradient`` (a gradi
 ``torch.autograd.grad`` of the output by the input, a backward that reaches the model's output but none of its parameters' ``.grad``),
 ``two-forwards`` (two forwards, of two views of the batch, before one backward, as a siamese or
 contrastive loss makes; the model multiplies by a buffer, which the first forward's backward
-needs as it was: the second forward's broadcast of the buffers must not count as changing it).
+needs as it was: the second forward's broadcast of the buffers must not count as changing it),
+``in-backward`` (a custom autograd function that all-reduces in forward and in backward, in the
+middle of the model: its backward's collective comes while buckets are in flight).
 """
 
 import os
@@ -188,6 +190,41 @@ class Masked(nn.Module):
         return self.net[1:](self.net[0](x) * self.mask)
 
 
+def global_mean(t):
+    """The mean over the whole global batch of ``t``'s rows (one all-reduce of sums and count)."""
+    sums = torch.cat([t.sum(0), torch.tensor([float(t.shape[0])], device=t.device)])
+    macfleet.all_reduce(sums)
+    return sums[:-1] / sums[-1]
+
+
+class GlobalCentre(torch.autograd.Function):
+    """Rows minus their mean over the global batch, by hand, as a custom layer across ranks does:
+    a collective in forward and one in backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x - global_mean(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad - global_mean(grad)
+
+
+class Centred(nn.Module):
+    """The oracle's model with its hidden rows centred on their mean over the batch; the ranks'
+    (``distributed``) over the global batch, with ``GlobalCentre``: its backward's all-reduce comes
+    while the buckets of the layers after it are averaged."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = oracle.make_model()
+        self.distributed = False
+
+    def forward(self, x):
+        h = self.net[:2](x)
+        return self.net[2:](GlobalCentre.apply(h) if self.distributed else h - h.mean(0))
+
+
 def loss(case, model, x, y):
     """The step's loss on the batch ``x, y``; ``input-gradient`` adds a penalty on the gradient
     of the output by the input, per sample (so it averages over shards as over the whole batch);
@@ -207,6 +244,8 @@ def loss(case, model, x, y):
 def make(case):
     if case == "checkpoint":
         return Checkpointed()
+    if case == "in-backward":
+        return Centred()
     if case == "two-forwards":
         return Masked()
     if case == "backward-raises":
@@ -229,6 +268,15 @@ def make(case):
     if case.startswith("fine-tune") or case == "rewrap":
         model[0].requires_grad_(False)
     return model
+
+
+def for_ranks(case, module):
+    """``make(case)``'s module as the ranks train it (the oracle trains the plain one)."""
+    if case == "sync-bn":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    if case == "in-backward":
+        module.distributed = True
+    return module
 
 
 CHANGE_STEP = 3
@@ -280,8 +328,7 @@ def main():
 def run(case, out):
     rank, world = macfleet.rank(), macfleet.world_size()
     module = make(case)
-    if case == "sync-bn":
-        module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    module = for_ranks(case, module)
     if case == "order":
         module.first = "a" if rank % 2 == 0 else "b"
     single = case.endswith("single")
