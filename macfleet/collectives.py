@@ -830,7 +830,8 @@ def _check_writable(tensor: torch.Tensor, name: str, collective: str) -> None:
 
 
 def _at(site: tuple[str, int]) -> str:
-    """" at train.py:14", or nothing where no line of a script called (DataParallel's thread)."""
+    """The words ' at train.py:14' for a call site; none where no line of a script called (the
+    collectives of DataParallel's own thread)."""
     place = where(*site)
     return f" at {place}" if place else ""
 

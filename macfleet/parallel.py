@@ -477,7 +477,6 @@ class _Call:
     """A collective for the bucket thread to run after what was released before it (join's round)."""
 
     fn: Callable[[], Any]
-    result: Any = None
     done: bool = False  # set under _CommThread.done, as a bucket's
 
 
@@ -588,7 +587,7 @@ class _CommThread:
             work, compression = released.popleft()
             try:
                 if isinstance(work, _Call):
-                    work.result = work.fn()
+                    work.fn()
                 else:
                     _average(work, staged.pop(id(work)), self.device, compression, copy_back=not by_caller)
             except BaseException as exc:  # surfaces in the training thread that waits for it
