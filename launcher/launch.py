@@ -227,7 +227,10 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
     def on_signal(signum: int, _frame: object) -> None:
         interrupted.append(signum)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # One ignored when we started stays ignored: a job started in the background of a shell
+    # script (``&``) or under nohup, which the shell keeps from the Ctrl-C meant for its foreground.
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(s) is not signal.SIG_IGN}
     forwarded = {**{k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}, **terminal_env()}
     agents: list[AgentProc] = []
     try:

@@ -52,11 +52,11 @@ def run_launch(*args: str, timeout: float = 120, env: dict[str, str] | None = No
 
 
 def start_launch(*args: str, ready: str, ranks: int, env: dict[str, str] | None = None,
-                 stderr: int = subprocess.PIPE) -> tuple[subprocess.Popen, list[str]]:
+                 stderr: int = subprocess.PIPE, preexec_fn=None) -> tuple[subprocess.Popen, list[str]]:
     """Start ``macfleet launch ARGS`` in a session of its own; return it once ``ranks`` lines of
     its output hold ``ready`` (one from each rank), with the lines read so far."""
     proc = subprocess.Popen(launch_command(*args), stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            start_new_session=True, env={**os.environ, **(env or {})})
+                            start_new_session=True, env={**os.environ, **(env or {})}, preexec_fn=preexec_fn)
     assert proc.stdout is not None
     lines: list[str] = []
     while sum(ready in line for line in lines) < ranks:

@@ -88,6 +88,21 @@ def test_ctrl_c_stops_every_process_of_the_job() -> None:
         proc.communicate()
 
 
+def test_a_launcher_started_with_ctrl_c_ignored_keeps_ignoring_it() -> None:
+    """A job started in the background of a shell script (``macfleet launch ... &``), or under
+    nohup, starts with Ctrl-C ignored: the shell keeps the Ctrl-C meant for its foreground away
+    from it. The launcher's handler took it anyway, and the job stopped with code 130."""
+    proc, _ = start_launch("--nproc", "2", BEHAVE, "-1", "hang", ready=" ready pid=", ranks=2,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)  # what stops it: the first signal the launcher takes is its exit code
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        kill_group(proc.pid)
+        proc.communicate()
+
+
 INTERRUPTIBLE = """
 import os, sys, time
 import macfleet
