@@ -21,12 +21,14 @@ from macfleet.launcher.hosts import Host, data_addresses, parse_hostfile, parse_
 from macfleet.launcher.launch import LaunchConfig, run_with_restarts
 from macfleet.launcher.remote import SshOptions, find_this_machine
 from macfleet.launcher.thunderbolt import DEFAULT_SUBNET, run_cabling
+from macfleet.lines import reopen_closed_std_streams
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MACFLEET"})
 @click.version_option(package_name="macfleet")
 def main() -> None:
     """Train one PyTorch model on one or several Macs."""
+    reopen_closed_std_streams()
 
 
 def host_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import select
+import sys
 from typing import Iterator
 
 SETTLE_S = 0.2  # quiet this long, and an unfinished line is shown as it is
@@ -79,6 +80,25 @@ def forward_nowhere(fd: int) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)
     os.close(devnull)
+
+
+def reopen_closed_std_streams() -> None:
+    """A process started with stdin, stdout or stderr closed (``macfleet launch ... >&-``, a
+    scheduler that closes them): Python leaves ``sys.stdout`` None, on which the launcher
+    crashed, and the next descriptor it opened (a pipe, a socket) would take that number and
+    become its children's output. Each closed one is /dev/null instead, as for a daemon."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        devnull = os.open(os.devnull, os.O_RDWR)  # the lowest free number: often ``fd`` itself
+        if devnull != fd:
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        os.set_inheritable(fd, True)  # os.open's are not: the agents would start with it closed
+        setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
 
 
 def ends_line(piece: bytes) -> bool:

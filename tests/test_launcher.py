@@ -503,26 +503,37 @@ def test_a_progress_bar_reaches_the_terminal_while_it_is_drawn(request, tmp_path
         kill_group(proc.pid)
 
 
-@pytest.mark.parametrize("gone", ["pipe", "terminal"])
-def test_a_job_whose_stderr_reader_has_gone_still_ends_with_its_ranks_code(gone: str, tmp_path) -> None:
+def close_std_streams() -> None:
+    for fd in (0, 1, 2):
+        os.close(fd)
+
+
+@pytest.mark.parametrize("gone", ["pipe", "terminal", "closed"])
+def test_a_job_whose_output_has_gone_still_ends_with_its_ranks_code(gone: str, tmp_path) -> None:
     """``pipe``: ``macfleet launch ... 2>&1 | head``. Once the reader had gone, each launcher line
     failed (BrokenPipeError) and the error ended the launcher. Its last line, the pace line, made
     a job whose ranks all exited 0 exit 1; a line in mid-job would have stopped the job. The
     thread that copies the ranks' stderr died on it too, and a rank that wrote more than a pipe
     holds to its stderr waited for good. ``terminal``: a launcher left running in the background
     (``&``, ``disown``) whose terminal then closes: its writes fail with EIO, not EPIPE, and
-    with the fix for the pipe alone the job still waited for good."""
+    with the fix for the pipe alone the job still waited for good. ``closed``: started with no
+    stdin, stdout or stderr at all (``<&- >&- 2>&-``): Python gave the launcher no sys.stdout,
+    and it failed on it before starting a rank."""
     logs = tmp_path / "logs"  # each rank's "finished" (stdout) is there whatever the launcher's streams
     command = launch_command("--nproc", "2", "--log-dir", str(logs), str(BIN / "reader_gone.py"), "stderr")
+    reader = write = None
     if gone == "pipe":
         reader, write = os.pipe()
         os.close(reader)  # gone before the first line
         streams = {"stdout": subprocess.DEVNULL, "stderr": write}
-    else:
+    elif gone == "terminal":
         reader, write = pty.openpty()
         streams = {"stdout": write, "stderr": write}
+    else:
+        streams = {"preexec_fn": close_std_streams}
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, **streams, start_new_session=True)
-    os.close(write)
+    if write is not None:
+        os.close(write)
     try:
         if gone == "terminal":  # the first line of a rank, then the terminal closes
             seen, deadline = b"", time.monotonic() + 60
