@@ -36,6 +36,8 @@ from macfleet.shm import LocalGroup, Signature, split_evenly
 from macfleet.transport import Channel, Liveness, Ring
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
+LEFT = ("this rank left the job with macfleet.shutdown(): a collective, DataParallel or macfleet.init() after it "
+        "cannot run; call macfleet.shutdown() last")
 SUPPORTED = frozenset({
     torch.float32, torch.float16, torch.bfloat16, torch.float64,
     torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
@@ -139,10 +141,12 @@ class Collectives:
         self.last_algorithm = ""  # which path the last all_reduce took (for benchmarks)
         self._op = 0
         # Collectives are made one at a time, in the same order everywhere (``_enter``): the
-        # thread in one now, and what a thread that tried to start another meanwhile was told.
-        self._entry = threading.Lock()
+        # thread in one now, and what a thread that tried to start another meanwhile was told;
+        # once the rank is leaving (``refuse_new``), none starts.
+        self._entry = threading.Condition()
         self._inside: threading.Thread | None = None
         self._crossed: str | None = None
+        self._leaving = False
         self._thread = threading.local()  # this thread's caller (on_behalf_of) and waiting state (waiting)
         self._by = ""  # the caller of the collective in progress, for its headers
         extra = len(self.rings[0].channels) - 1 if self.rings else 0
@@ -676,6 +680,8 @@ class Collectives:
         good on a lock; it is an error too, and the one it interrupted goes on."""
         me = threading.current_thread()
         with self._entry:
+            if self._leaving:
+                raise ConfigError(LEFT)
             other = self._inside
             if other is None:
                 self._inside = me
@@ -699,7 +705,8 @@ class Collectives:
     def _crossing(self, crossed: str, kind: str, op_id: int) -> ConfigError:
         """The error for the thread whose collective another thread crossed: it ended, but on
         other ranks the other thread's may have been paired with it. No collective can follow."""
-        self.broken = {"op": op_id, "what": f"{kind} (op {op_id})", "went_on": False, "error": f"ConfigError: {crossed}"}
+        self.broken = {"op": op_id, "what": f"{kind} (op {op_id})", "went_on": False,
+                       "error": f"ConfigError: {crossed}"}
         return ConfigError(f"{crossed}; this thread's {kind} (op {op_id}) may hold the other thread's numbers")
 
     def _leave(self) -> str | None:
@@ -708,7 +715,20 @@ class Collectives:
         with self._entry:
             self._inside = None
             crossed, self._crossed = self._crossed, None
+            self._entry.notify_all()
         return crossed
+
+    def refuse_new(self) -> None:
+        """The rank is leaving the job (``runtime.shutdown``, at the script's end): no collective
+        starts from now on, and one that another thread has under way (a daemon thread's, or
+        DataParallel's after the script raised in backward) ends first: its sockets and shared
+        memory are about to be closed, and freed under it the thread crashed the process
+        (SIGSEGV). It ends as any collective does: done, or by an error (a peer that has left,
+        an abort, its deadline)."""
+        me = threading.current_thread()
+        with self._entry:
+            self._leaving = True
+            self._entry.wait_for(lambda: self._inside is None or self._inside is me)
 
     def status(self) -> dict:
         """For the heartbeat: collectives done, the one in progress, and how long since data last

@@ -26,7 +26,7 @@ import torch
 import zmq
 
 from macfleet import backends, errorfile, hostops, knobs, protocol, segments
-from macfleet.collectives import (SMALL_BYTES, ZERO_COPY_BYTES, Collectives, check_all_gather, check_all_reduce,
+from macfleet.collectives import (LEFT, SMALL_BYTES, ZERO_COPY_BYTES, Collectives, check_all_gather, check_all_reduce,
                                   check_broadcast, error_line)
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
@@ -79,8 +79,7 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     if _runtime is not None:
         return _runtime
     if _left is not None:  # joining again would wait for a rendezvous that is long over, unheard (no secret)
-        raise ConfigError("this rank left the job with macfleet.shutdown(): a collective, DataParallel or "
-                          "macfleet.init() after it cannot run; call macfleet.shutdown() last")
+        raise ConfigError(LEFT)
     _refuse_subprocess_of_a_rank()
     env = WorkerEnv.from_environ()
     if env.coordinator is None and env.world_size > 1:
@@ -297,6 +296,8 @@ def shutdown() -> None:
     _left = Runtime(rt.env, rt.device, None, None, None)  # what it was, without the means (buffers, sockets)
     _orphaned(rt.env)
     _left_history = rt.collectives.history if rt.collectives is not None else None
+    if rt.collectives is not None:
+        rt.collectives.refuse_new()
     mismatch = _last_answers(rt)
     _close_data_plane(rt)
     if rt.control is not None:

@@ -370,6 +370,18 @@ def test_a_collective_in_a_signal_handler_inside_another_is_refused_not_a_hang(t
     assert not (tmp_path / "ckpt.pt").exists()
 
 
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_a_rank_leaving_the_job_lets_another_thread_s_collective_end_first(shm: str, tmp_path) -> None:
+    """The script ended while a daemon thread of it was in an all-reduce: the rank's exit
+    (macfleet.shutdown) closed the sockets and unmapped the shared memory under that thread,
+    which crashed the process (SIGSEGV) or failed with ZeroMQ's 'Socket operation on non-socket'.
+    Now the rank refuses new collectives and lets the one under way end first."""
+    job = run_launch("--nproc", "2", NESTED, "exit", str(tmp_path), env={"MACFLEET_SHM": shm}, timeout=60)
+    assert job.code == 0, job.output
+    assert "[rank 0] sender got [2.0, 2.0, 2.0, 2.0]" in job.stdout, job.output
+    assert "[rank 1] rank 1 got [2.0, 2.0, 2.0, 2.0]" in job.stdout, job.output
+
+
 def nested_line(text: str) -> int:
     """The number of nested.py's line that holds ``text``."""
     return next(i for i, line in enumerate(open(NESTED).read().splitlines(), 1) if text in line)

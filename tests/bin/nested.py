@@ -7,6 +7,9 @@ all-reduce ends, and must then say that its result cannot be trusted (on another
 thread's could have taken its place). ``handler``: the first is the main thread's, the second a
 SIGUSR1 handler's ``checkpoint.save`` (the habit of saving on a preemption signal), which runs
 on the main thread inside the first. Either way the refused collective's error ends the script.
+``exit``: the first is a daemon thread's, and the script ends while it is under way; rank 1
+joins it once rank 0 is leaving the job (``macfleet.shutdown`` at the script's end), which must
+not close the sockets and shared memory under it.
 """
 
 import os
@@ -19,6 +22,7 @@ import torch
 from torch import nn
 
 import macfleet
+from macfleet import runtime as rt
 from macfleet.runtime import runtime
 
 mode, directory = sys.argv[1], sys.argv[2]
@@ -40,7 +44,8 @@ if macfleet.rank() == 1:
         time.sleep(0.01)
     got = macfleet.all_reduce(torch.ones(4))
     print("rank 1 got", got.tolist(), flush=True)
-    macfleet.barrier()  # rank 0 never comes: the launcher ends the job
+    if mode != "exit":
+        macfleet.barrier()  # rank 0 never comes: the launcher ends the job
 elif mode == "threads":
     outcome: dict[str, str] = {}
 
@@ -60,6 +65,19 @@ elif mode == "threads":
         tried()
         sender.join()
         print("sender:", outcome["sender"], flush=True)
+elif mode == "exit":
+    def send_late() -> None:
+        got = macfleet.all_reduce(torch.ones(4))  # the daemon's all-reduce
+        print("sender got", got.tolist(), flush=True)
+
+    def leaving() -> None:
+        while rt._runtime is not None:  # until shutdown has begun
+            time.sleep(0.001)
+        tried()
+
+    threading.Thread(target=send_late, name="sender", daemon=True).start()
+    inside()
+    threading.Thread(target=leaving, daemon=True).start()
 else:
     def save_on_signal(signum: int, frame: object) -> None:
         try:
