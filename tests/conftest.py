@@ -29,6 +29,14 @@ class Job:
         return self.stdout + self.stderr
 
 
+def pytest_configure(config) -> None:
+    """The tests that press Ctrl-C mean a launcher started from a terminal, where SIGINT has its
+    default action. Under a runner that ignores it (a background job of a shell script, as
+    ``nohup bash .ci/run &`` is), every launcher would start with it ignored, and rightly keep
+    ignoring it (test_a_launcher_started_with_ctrl_c_ignored_keeps_ignoring_it)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def launch_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "macfleet.launcher.cli", "launch", *args]
 
