@@ -76,10 +76,13 @@ def forward_nowhere(fd: int) -> None:
     """Whatever read ``fd`` (our stdout or stderr) has gone (``... | head``, a closed terminal,
     an ssh channel closed at the launcher's end): point it at /dev/null. Later writes, and the
     interpreter's last flush of what its buffer still holds, then succeed with nothing shown,
-    instead of raising ``BrokenPipeError`` where nobody can read the traceback."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, fd)
-    os.close(devnull)
+    instead of raising ``BrokenPipeError`` where nobody can read the traceback. (A closed
+    ``fd``, see ``reopen_closed_std_streams``, is opened on /dev/null.)"""
+    devnull = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd`` itself where it was closed
+    if devnull != fd:
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    os.set_inheritable(fd, True)  # os.open's are not: children would start with it closed
 
 
 def reopen_closed_std_streams() -> None:
@@ -90,15 +93,9 @@ def reopen_closed_std_streams() -> None:
     for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
         try:
             os.fstat(fd)
-            continue
         except OSError:
-            pass
-        devnull = os.open(os.devnull, os.O_RDWR)  # the lowest free number: often ``fd`` itself
-        if devnull != fd:
-            os.dup2(devnull, fd)
-            os.close(devnull)
-        os.set_inheritable(fd, True)  # os.open's are not: the agents would start with it closed
-        setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
+            forward_nowhere(fd)
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
 
 
 def ends_line(piece: bytes) -> bool:

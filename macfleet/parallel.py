@@ -535,11 +535,8 @@ class _CommThread:
         buckets released before it, in the same place on every rank."""
         if self.idle():
             return
-        with rt.waiting(), self.done:
-            while self.finished != self.released and self.error is None:
-                self.done.wait(0.1)
-            if self.error is not None:
-                raise self.error
+        with rt.waiting():
+            self._until(lambda: self.finished == self.released)
 
     def idle(self) -> bool:
         """Whether everything released has been averaged and every call made (then nothing
@@ -550,8 +547,13 @@ class _CommThread:
     def wait(self, buckets: Sequence[Bucket | _Call]) -> None:
         """Until every one of ``buckets`` is averaged (collectives have deadlines and turn an
         abort into an error, which arrives here)."""
+        self._until(lambda: all(b.done for b in buckets))
+
+    def _until(self, reached: Callable[[], bool]) -> None:
+        """Until ``reached()`` (read under ``done``, which each averaged bucket notifies), or
+        raise the exchange's error."""
         with self.done:
-            while not all(b.done for b in buckets) and self.error is None:
+            while not reached() and self.error is None:
                 self.done.wait(0.1)
             if self.error is not None:
                 raise self.error

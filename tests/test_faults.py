@@ -349,7 +349,7 @@ def test_collectives_from_two_threads_at_once_are_refused_not_mixed(shm: str, tm
     rank the refused thread's could have taken its place."""
     job = run_launch("--nproc", "2", NESTED, "threads", str(tmp_path), env={"MACFLEET_SHM": shm}, timeout=60)
     assert job.code == 1, job.output
-    sender, main = nested_line("# the sender's all-reduce"), nested_line("# the main thread's all-reduce")
+    sender, main = line_of(NESTED, "# the sender's all-reduce"), line_of(NESTED, "# the main thread's all-reduce")
     root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
     assert re.search(rf"ConfigError: two threads of rank 0 made collectives at once: thread 'sender' was in "
                      rf"all_reduce \(op 1 at \S*nested.py:{sender}\) when thread 'MainThread' started "
@@ -363,7 +363,7 @@ def test_a_collective_in_a_signal_handler_inside_another_is_refused_not_a_hang(t
     in an all-reduce: the save waited for good for the all-reduce it had interrupted."""
     job = run_launch("--nproc", "2", NESTED, "handler", str(tmp_path), timeout=60)
     assert job.code == 1, job.output
-    save, outer = nested_line("# the handler's save"), nested_line("# the all-reduce the handler interrupts")
+    save, outer = line_of(NESTED, "# the handler's save"), line_of(NESTED, "# the all-reduce the handler interrupts")
     root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
     assert re.search(rf"ConfigError: rank 0 started all_gather from checkpoint.save at \S*nested.py:{save} inside "
                      rf"all_reduce \(op 1 at \S*nested.py:{outer}\), on the same thread: a signal handler", root), root
@@ -380,11 +380,6 @@ def test_a_rank_leaving_the_job_lets_another_thread_s_collective_end_first(shm: 
     assert job.code == 0, job.output
     assert "[rank 0] sender got [2.0, 2.0, 2.0, 2.0]" in job.stdout, job.output
     assert "[rank 1] rank 1 got [2.0, 2.0, 2.0, 2.0]" in job.stdout, job.output
-
-
-def nested_line(text: str) -> int:
-    """The number of nested.py's line that holds ``text``."""
-    return next(i for i, line in enumerate(open(NESTED).read().splitlines(), 1) if text in line)
 
 
 # Through shared memory every field is one comparison of the ranks' announcements, each field
@@ -476,10 +471,13 @@ def test_a_mistake_in_the_script_is_not_restarted() -> None:
     assert "not restarting: the job failed with ProtocolError" in job.stderr, job.stderr
 
 
+def line_of(script: str, text: str) -> int:
+    """The number of ``script``'s line that holds ``text``."""
+    return next(i for i, line in enumerate(open(script).read().splitlines(), 1) if text in line)
+
+
 def behave_line(text: str) -> int:
-    """The number of behave.py's line that holds ``text``."""
-    lines = open(BEHAVE).read().splitlines()
-    return next(i for i, line in enumerate(lines, 1) if text in line)
+    return line_of(BEHAVE, text)
 
 
 def test_a_host_cut_off_from_the_network(netns_hosts) -> None:
