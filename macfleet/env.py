@@ -59,6 +59,8 @@ directory), ``MACFLEET_INLINE_BYTES`` (up to this size a collective's host arith
 its own thread, not on torch's OpenMP team; a
 ring over sockets compares the pieces it adds), ``MACFLEET_ZERO_COPY_BYTES`` (a ring over
 sockets sends pieces at least this large without copying them),
+``MACFLEET_SCRATCH_DIR`` (where each host's agent makes the job's directory of error files and
+segment files; default /dev/shm where it exists, a RAM filesystem, else the temp dir),
 ``MACFLEET_TIMEOUT`` (seconds a
 collective may make no progress), ``MACFLEET_RENDEZVOUS_TIMEOUT``, ``MACFLEET_CONNECT_TIMEOUT``
 (seconds the ring's connections may take to come up once every rank has joined; default 30).

@@ -277,6 +277,22 @@ UNDER_LIMIT = [sys.executable, "-c", "import os, resource, sys; resource.setrlim
                "(int(sys.argv[1]), int(sys.argv[2]))); os.execvp(sys.argv[3], sys.argv[3:])"]
 
 
+def test_the_job_directory_goes_where_macfleet_scratch_dir_says_and_is_removed(tmp_path) -> None:
+    script = tmp_path / "where.py"
+    script.write_text("import os\nprint('DIR', os.environ['MACFLEET_SHM_DIR'], flush=True)\n")
+    scratch = tmp_path / "made" / "scratch"  # made if missing
+    job = run_launch("--nproc", "2", str(script), env={"MACFLEET_SCRATCH_DIR": str(scratch)})
+    assert job.code == 0, job.output
+    dirs = {line.split()[-1] for line in job.stdout.splitlines() if " DIR " in line}
+    assert len(dirs) == 1 and os.path.dirname(dirs.pop()) == str(scratch), job.stdout
+    assert list(scratch.iterdir()) == []
+    (tmp_path / "file").write_text("")
+    job = run_launch("--nproc", "1", str(script), env={"MACFLEET_SCRATCH_DIR": str(tmp_path / "file" / "below")})
+    assert job.code != 0 and "Traceback" not in job.stderr, job.stderr
+    assert f"cannot make the job's directory (MACFLEET_SCRATCH_DIR={tmp_path / 'file' / 'below'})" in job.stderr, \
+        job.stderr
+
+
 def test_a_limit_on_open_files_is_raised_for_the_ranks_or_named_before_they_start() -> None:
     """A Mac's shell allows 256 open files, and an agent holds about seven for each of its
     ranks: past the limit it failed to start the next rank with a traceback (EMFILE). Under a

@@ -228,6 +228,20 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addrs: list[str], main_ifa
     return env
 
 
+def make_scratch(spec: AgentSpec) -> str:
+    """The per-job directory, in ``MACFLEET_SCRATCH_DIR`` (made if missing), else in /dev/shm
+    where it exists (RAM-backed: the segments are memory), else in the temp dir."""
+    chosen = spec.env.get("MACFLEET_SCRATCH_DIR")
+    try:
+        if chosen:
+            os.makedirs(chosen, exist_ok=True)
+        root = chosen or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
+        return tempfile.mkdtemp(prefix=f"macfleet-{spec.job_id}-", dir=root)
+    except OSError as exc:
+        sys.exit(f"macfleet agent on {spec.host}: cannot make the job's directory "
+                 f"(MACFLEET_SCRATCH_DIR={chosen or ''}): {exc}")
+
+
 class Agent:
     def __init__(self, spec: AgentSpec) -> None:
         # --cwd and --python may be given as ~/...: each host's own home (remote.home_quote)
@@ -237,9 +251,8 @@ class Agent:
         self.client = ControlClient(self.ctx, spec.coordinator, bytes.fromhex(spec.secret_hex), spec.job_id,
                                     f"agent-{spec.host_index}")
         self.workers: list[Worker] = []
-        # per-job scratch: error files and the shared-memory segment (RAM-backed where /dev/shm exists)
-        self.tmpdir = tempfile.mkdtemp(prefix=f"macfleet-{spec.job_id}-",
-                                       dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        # per-job scratch: error files and the shared-memory segment
+        self.tmpdir = make_scratch(spec)
         self.out_lock = threading.Lock()
         self._open_line: dict[int, bytes | None] = {}  # by id(sink): the prefix of the rank whose line is open there
         self.launcher_gone = threading.Event()
