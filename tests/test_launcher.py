@@ -138,6 +138,47 @@ def test_ctrl_c_reaches_the_script_as_keyboard_interrupt(tmp_path, where: str) -
         proc.communicate()
 
 
+TERMINABLE = """
+import os, signal, sys, time
+import macfleet
+macfleet.init()
+
+def on_term(signum, frame):  # what a script does on SIGTERM (a preempted machine): save, then stop
+    open(os.path.join(sys.argv[1], f"terminated-{macfleet.rank()}"), "w").close()
+    sys.exit(128 + signum)
+
+signal.signal(signal.SIGTERM, on_term)
+print("ready pid=", os.getpid(), flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("where", ["launcher", "terminal"])
+def test_a_hangup_stops_the_job_as_sigterm_does(tmp_path, where: str) -> None:
+    """The terminal closed, or the ssh connection it ran over dropped: the shell sends SIGHUP to
+    its foreground job (the launcher and the local agents), or the launcher alone gets it. The
+    launcher died of it at once, with no word and no exit code of its own, and left the ranks to
+    their agents' heartbeat. Now it stops every rank as for SIGTERM, whose handlers run."""
+    script = tmp_path / "work.py"
+    script.write_text(TERMINABLE)
+    # as from a terminal, where SIGHUP has its default action (pytest-xdist's workers ignore it)
+    proc, _ = start_launch("--nproc", "2", str(script), str(tmp_path), ready=" ready pid=", ranks=2,
+                           preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    try:
+        if where == "terminal":
+            os.killpg(proc.pid, signal.SIGHUP)
+        else:
+            proc.send_signal(signal.SIGHUP)
+        code = proc.wait(timeout=30)
+    finally:
+        kill_group(proc.pid)
+        _, err = proc.communicate()
+    assert code == 128 + signal.SIGHUP, err
+    assert "SIGHUP received, stopping every rank" in err
+    assert sorted(p.name for p in tmp_path.glob("terminated-*")) == ["terminated-0", "terminated-1"]
+
+
 SIZE = """
 import os, shutil
 import macfleet
