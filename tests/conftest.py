@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -29,12 +30,65 @@ class Job:
         return self.stdout + self.stderr
 
 
+# Two test files run at a time on Linux (pytest-xdist, ``-n auto --dist loadfile`` in
+# pyproject.toml): most of a test's time is its ranks importing torch, and a 2-core machine was a
+# third idle running them one by one. Each worker sees only its own jobs: the processes it started
+# (as their subreaper, orphans included) and the job directories in its own MACFLEET_SCRATCH_DIR.
+# A file runs whole on one worker, so the tests that share a module's job stay together, and the
+# network namespaces, whose names are fixed, are made in test_multihost.py alone.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+SCRATCH_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+SCRATCH = f"{SCRATCH_ROOT}/pytest-macfleet-{WORKER}" if WORKER else SCRATCH_ROOT
+# The longest files first, so that the two workers end close together (about 220, 220, 150, 130
+# and 110 s alone; the rest under 45 s).
+FIRST = ("test_multihost.py", "test_faults.py", "test_launcher.py", "test_collectives.py", "test_data_parallel.py")
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """Two workers where a worker can be the subreaper of its jobs (Linux); elsewhere one at a time."""
+    return 2 if sys.platform == "linux" else 0
+
+
 def pytest_configure(config) -> None:
     """The tests that press Ctrl-C mean a launcher started from a terminal, where SIGINT has its
     default action. Under a runner that ignores it (a background job of a shell script, as
     ``nohup bash .ci/run &`` is), every launcher would start with it ignored, and rightly keep
     ignoring it (test_a_launcher_started_with_ctrl_c_ignored_keeps_ignoring_it)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if WORKER:
+        import ctypes
+
+        # PR_SET_CHILD_SUBREAPER: a rank whose agent was killed is reparented here, not to init,
+        # so job_processes() still finds it among this worker's descendants
+        if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+        os.makedirs(SCRATCH, exist_ok=True)
+        os.environ["MACFLEET_SCRATCH_DIR"] = SCRATCH  # reaches remote agents too (MACFLEET_* is forwarded)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    def rank(item) -> int:
+        name = item.path.name
+        return FIRST.index(name) if name in FIRST else len(FIRST)
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """After every worker has ended (or after the one process, without workers): nothing of any
+    job is left on the machine, whichever worker's it was."""
+    if WORKER:
+        try:
+            os.rmdir(SCRATCH)  # empty, or kept for the check below
+        except OSError:
+            pass
+        return
+    left = _wait_for_no_job_processes(lambda: job_processes(everyone=True))
+    segments = glob.glob(f"{SCRATCH_ROOT}/pytest-macfleet-*/macfleet-*") + _unheld(shm_scratch(everyone=True))
+    if left or segments:
+        session.config.get_terminal_writer().line(
+            f"left behind at the end of the session: processes {left}, shared memory {segments}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def launch_command(*args: str) -> list[str]:
@@ -84,20 +138,64 @@ def kill_group(pid: int) -> None:
         pass
 
 
-def job_processes() -> list[str]:
-    """Processes of any macfleet job on this machine (agents and ranks)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line.strip() for line in out.splitlines()
-            if "macfleet.workers" in line or "macfleet.launcher.cli" in line]
+def job_processes(everyone: bool = False) -> list[str]:
+    """Processes of this worker's macfleet jobs (agents and ranks); ``everyone``: of any job."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()[1:]]
+    parent = {int(r[0]): int(r[1]) for r in rows if len(r) >= 2}
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            if pid == os.getpid():
+                return True
+            pid = parent.get(pid, 0)
+        return False
+
+    return [f"{r[0]} {r[2]}" for r in rows if len(r) == 3 and ("macfleet.workers" in r[2] or "macfleet.launcher.cli" in r[2])
+            and (everyone or not WORKER or ours(int(r[0])))]
 
 
-def shm_scratch() -> list[str]:
-    """What jobs keep in /dev/shm: the agents' per-job directories (error files, shared-memory
-    segments), and segments made as macOS makes them (MACFLEET_SHM_OBJECTS=1: glibc's shm_open
-    puts them in /dev/shm)."""
-    import glob
+def shm_scratch(everyone: bool = False) -> list[str]:
+    """What jobs keep in shared memory: the agents' per-job directories (error files, segments),
+    and segments made as macOS makes them (MACFLEET_SHM_OBJECTS=1: glibc's shm_open puts them in
+    /dev/shm). A worker's directories are in its own MACFLEET_SCRATCH_DIR; objects have one
+    namespace for all, so a worker counts only those no process holds (_unheld)."""
+    directories = glob.glob(f"{SCRATCH}/macfleet-*")
+    if everyone and SCRATCH != SCRATCH_ROOT:
+        directories += glob.glob(f"{SCRATCH_ROOT}/macfleet-*")
+    return directories + glob.glob("/dev/shm/mf-*")
 
-    return glob.glob("/dev/shm/macfleet-*") + glob.glob("/dev/shm/mf-*")
+
+def leftover_scratch() -> list[str]:
+    """``shm_scratch()`` less the objects another worker's live job holds."""
+    found = shm_scratch()
+    if not WORKER:
+        return found
+    return [p for p in found if "/mf-" not in p] + _unheld([p for p in found if "/mf-" in p])
+
+
+def _unheld(paths: list[str]) -> list[str]:
+    """Those of ``paths`` that no process has open or mapped. An object the other worker's job
+    makes (shm_open, then mmap) is held from the moment it exists."""
+    if not paths:
+        return []
+    held: set[str] = set()
+    for proc in glob.glob("/proc/[0-9]*"):
+        try:
+            for fd in os.listdir(f"{proc}/fd"):
+                held.add(os.readlink(f"{proc}/fd/{fd}"))
+            with open(f"{proc}/maps") as maps:
+                held.update(line.split(None, 5)[-1].strip() for line in maps if "/dev/shm/" in line)
+        except OSError:  # gone meanwhile
+            continue
+    return [p for p in paths if p not in held and os.path.exists(p)]
+
+
+def _wait_for_no_job_processes(find) -> list[str]:
+    deadline = time.monotonic() + 10
+    while find() and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling for an exit to finish, not standing in for synchronisation
+    return find()
 
 
 @pytest.fixture(autouse=True)
@@ -107,17 +205,14 @@ def no_leftover_processes(request):
     yield
     if "live_job" in request.fixturenames and request.getfixturevalue("live_job")["proc"].poll() is None:
         return
-    deadline = time.monotonic() + 10
-    while job_processes() and time.monotonic() < deadline:
-        time.sleep(0.1)  # polling for an exit to finish, not standing in for synchronisation
-    left = job_processes()
+    left = _wait_for_no_job_processes(job_processes)
     for line in left:
         try:
             os.kill(int(line.split()[0]), signal.SIGKILL)
         except (ProcessLookupError, ValueError):
             pass
     assert not left, f"processes left behind: {left}"
-    segments = shm_scratch()
+    segments = leftover_scratch()
     for path in segments:
         subprocess.run(["rm", "-rf", path])
     assert not segments, f"shared memory left behind: {segments}"

@@ -319,6 +319,27 @@ def test_each_host_s_share_reaches_its_ranks_and_follows_the_hosts_that_run(sshd
     assert "--show-ranks: no rank 3 now; showing 0, 2" in job.stderr, job.stderr
 
 
+def test_a_host_cut_off_from_the_network(netns_hosts) -> None:
+    import netns
+
+    hosts, server = netns_hosts
+    job = RunningJob("--hosts", f"{hosts[0].addr}:1,{hosts[1].addr}:2", *server.launch_options(),
+                     "--heartbeat-timeout", "3", BEHAVE, "-1", "hang", ranks=3)
+    try:
+        netns.set_link(hosts[1], up=False)  # pull the cable of the second host
+        code, err, seconds = job.wait(60)
+        assert code != 0
+        assert "sent no heartbeat for 3 s" in err
+        assert seconds < 3 + 20
+        deadline = time.monotonic() + 15  # the cut-off host's agent stops its ranks on its own
+        while job_processes() and time.monotonic() < deadline:
+            time.sleep(0.2)  # polling the process table
+        assert job_processes() == []
+    finally:
+        netns.set_link(hosts[1], up=True)
+        job.close()
+
+
 def test_a_mac_lost_mid_run_is_left_out_at_the_restart(sshd, tmp_path) -> None:
     """Its lid closed: the agent gone and its ssh refusing. The restart goes on with the
     others (--min-hosts 2), and the all-reduce sums over exactly them."""
