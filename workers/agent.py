@@ -48,7 +48,9 @@ DUMP_WAIT_S = 1.0  # and a dump of its stacks for faulthandler to write it
 # by TCP's retransmission backoff (7 s of cable pulled was 10 s of silence and more): as long as
 # the launcher still hears the host in time, the job goes on.
 LAUNCHER_SILENCE = 2
-PASSED_ON = (signal.SIGINT, signal.SIGTERM)  # a stop by these reaches the ranks as it is
+# A stop by these reaches the ranks at once, as a terminal would pass it on: Ctrl-C and SIGTERM as
+# they are, a hangup as SIGTERM, which a script's handler (a preempted machine's) may catch.
+PASSED_ON = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM}
 
 
 @dataclass
@@ -341,7 +343,7 @@ class Agent:
             if msg.get("kind") == protocol.ABORT and self.stop_reason is None:
                 self.stop_reason = str(msg.get("reason"))
                 if msg.get("signal") in PASSED_ON:
-                    self.interrupt = int(msg["signal"])
+                    self.interrupt = PASSED_ON[msg["signal"]]
             elif msg.get("kind") == protocol.STDIN:
                 self._feed(bytes(msg.get("data") or b""), bool(msg.get("eof")))
             elif msg.get("kind") == protocol.STACKS:
@@ -604,7 +606,7 @@ class Agent:
             self.stop_reason = f"agent received {name}"
             self.stopped_why = f"its agent on {self.spec.host} received {name} and stopped it"
             if signum in PASSED_ON:  # a Ctrl-C in the terminal reaches the launcher and local agents alike
-                self.interrupt = signum
+                self.interrupt = PASSED_ON[signum]
 
 
 def _write(sink: IO[bytes], data: bytes) -> None:
