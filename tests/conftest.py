@@ -86,8 +86,10 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     left = _wait_for_no_job_processes(lambda: job_processes(everyone=True))
     segments = glob.glob(f"{SCRATCH_ROOT}/pytest-macfleet-*/macfleet-*") + _unheld(shm_scratch(everyone=True))
     if left or segments:
-        session.config.get_terminal_writer().line(
-            f"left behind at the end of the session: processes {left}, shared memory {segments}", red=True)
+        _remove(left, segments)
+        writer = session.config.get_terminal_writer()
+        writer.line()
+        writer.line(f"left behind at the end of the session: processes {left}, shared memory {segments}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -191,6 +193,17 @@ def _unheld(paths: list[str]) -> list[str]:
     return [p for p in paths if p not in held and os.path.exists(p)]
 
 
+def _remove(processes: list[str], paths: list[str]) -> None:
+    """What a check found left behind, so that the next test or session starts clean."""
+    for line in processes:
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    for path in paths:
+        subprocess.run(["rm", "-rf", path])
+
+
 def _wait_for_no_job_processes(find) -> list[str]:
     deadline = time.monotonic() + 10
     while find() and time.monotonic() < deadline:
@@ -206,15 +219,9 @@ def no_leftover_processes(request):
     if "live_job" in request.fixturenames and request.getfixturevalue("live_job")["proc"].poll() is None:
         return
     left = _wait_for_no_job_processes(job_processes)
-    for line in left:
-        try:
-            os.kill(int(line.split()[0]), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-    assert not left, f"processes left behind: {left}"
     segments = leftover_scratch()
-    for path in segments:
-        subprocess.run(["rm", "-rf", path])
+    _remove(left, segments)
+    assert not left, f"processes left behind: {left}"
     assert not segments, f"shared memory left behind: {segments}"
 
 
