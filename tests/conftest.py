@@ -83,7 +83,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         except OSError:
             pass
         return
-    left = _wait_for_no_job_processes(lambda: job_processes(everyone=True))
+    left = wait_for_no_job_processes(find=lambda: job_processes(everyone=True))
     segments = glob.glob(f"{SCRATCH_ROOT}/pytest-macfleet-*/macfleet-*") + _unheld(shm_scratch(everyone=True))
     if left or segments:
         _remove(left, segments)
@@ -204,8 +204,9 @@ def _remove(processes: list[str], paths: list[str]) -> None:
         subprocess.run(["rm", "-rf", path])
 
 
-def _wait_for_no_job_processes(find) -> list[str]:
-    deadline = time.monotonic() + 10
+def wait_for_no_job_processes(within_s: float = 10, find=job_processes) -> list[str]:
+    """Those of ``find()`` still there after up to ``within_s`` for them to end."""
+    deadline = time.monotonic() + within_s
     while find() and time.monotonic() < deadline:
         time.sleep(0.1)  # polling for an exit to finish, not standing in for synchronisation
     return find()
@@ -218,7 +219,7 @@ def no_leftover_processes(request):
     yield
     if "live_job" in request.fixturenames and request.getfixturevalue("live_job")["proc"].poll() is None:
         return
-    left = _wait_for_no_job_processes(job_processes)
+    left = wait_for_no_job_processes()
     segments = leftover_scratch()
     _remove(left, segments)
     assert not left, f"processes left behind: {left}"

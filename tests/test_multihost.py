@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BIN, MNIST, Job, job_processes, kill_group, launch_command, run_launch, start_launch
+from conftest import (BIN, MNIST, Job, job_processes, kill_group, launch_command, run_launch, start_launch,
+                      wait_for_no_job_processes)
 from test_collectives import run_cases
 from test_faults import RunningJob, behave_line
 from test_training import STEPS, reference_parameters
@@ -331,10 +332,7 @@ def test_a_host_cut_off_from_the_network(netns_hosts) -> None:
         assert code != 0
         assert "sent no heartbeat for 3 s" in err
         assert seconds < 3 + 20
-        deadline = time.monotonic() + 15  # the cut-off host's agent stops its ranks on its own
-        while job_processes() and time.monotonic() < deadline:
-            time.sleep(0.2)  # polling the process table
-        assert job_processes() == []
+        assert wait_for_no_job_processes(15) == []  # the cut-off host's agent stops its ranks on its own
     finally:
         netns.set_link(hosts[1], up=True)
         job.close()
@@ -412,10 +410,7 @@ def test_killing_the_launcher_leaves_no_process_on_any_host(sshd) -> None:
     try:
         os.kill(proc.pid, signal.SIGKILL)  # the launcher alone: its agents and ranks must notice by themselves
         proc.wait()
-        deadline = time.monotonic() + 20
-        while job_processes() and time.monotonic() < deadline:
-            time.sleep(0.2)  # polling the process table for the ranks to go
-        assert job_processes() == []
+        assert wait_for_no_job_processes(20) == []  # the ranks go
     finally:
         kill_group(proc.pid)
         proc.communicate()
