@@ -31,7 +31,7 @@ from macfleet.launcher.report import failure_report, facts_table, pace_report, s
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.protocol import AgentSpec
 
-SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129, signal.SIGQUIT: 131}
 FORWARDED_PREFIXES = ("MACFLEET_", "PYTORCH_")  # reach remote ranks, whose environment is sshd's
 
 
@@ -227,12 +227,12 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
     def on_signal(signum: int, _frame: object) -> None:
         interrupted.append(signum)
 
-    # SIGHUP (the terminal closed, or the ssh connection it ran over dropped) stops the job as
-    # SIGTERM does; its default action ended the launcher at once, with no word. One ignored when
-    # we started stays ignored: Ctrl-C for a job started in the background of a shell script
-    # (``&``), which the shell keeps from the Ctrl-C meant for its foreground; SIGHUP under nohup.
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-                if signal.getsignal(s) is not signal.SIG_IGN}
+    # SIGHUP (the terminal closed, or the ssh connection it ran over dropped) and SIGQUIT
+    # (Ctrl-\) stop the job as SIGTERM does, as under torchrun; their default actions ended the
+    # launcher at once, with no word. One ignored when we started stays ignored: Ctrl-C for a job
+    # started in the background of a shell script (``&``), which the shell keeps from the Ctrl-C
+    # meant for its foreground; SIGHUP under nohup.
+    previous = {s: signal.signal(s, on_signal) for s in SIGNAL_EXIT if signal.getsignal(s) is not signal.SIG_IGN}
     forwarded = {**{k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}, **terminal_env()}
     agents: list[AgentProc] = []
     try:

@@ -154,28 +154,36 @@ while True:
 """
 
 
-@pytest.mark.parametrize("where", ["launcher", "terminal"])
-def test_a_hangup_stops_the_job_as_sigterm_does(tmp_path, where: str) -> None:
+def _default_actions() -> None:
+    """As from a terminal, where SIGHUP and SIGQUIT have their default actions (pytest-xdist's
+    workers ignore SIGHUP)."""
+    for sig in (signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("sig, where", [(signal.SIGHUP, "launcher"), (signal.SIGHUP, "terminal"),
+                                        (signal.SIGQUIT, "terminal")], ids=["hangup", "hangup-group", "ctrl-backslash"])
+def test_a_hangup_or_a_quit_stops_the_job_as_sigterm_does(tmp_path, sig: signal.Signals, where: str) -> None:
     """The terminal closed, or the ssh connection it ran over dropped: the shell sends SIGHUP to
-    its foreground job (the launcher and the local agents), or the launcher alone gets it. The
-    launcher died of it at once, with no word and no exit code of its own, and left the ranks to
-    their agents' heartbeat. Now it stops every rank as for SIGTERM, whose handlers run."""
+    its foreground job (the launcher and the local agents), or the launcher alone gets it. Or
+    the user pressed Ctrl-\\, which sends SIGQUIT to the foreground job. The launcher died of
+    either at once, with no word and no exit code of its own, and left the ranks to their
+    agents' heartbeat. Now it stops every rank as for SIGTERM, whose handlers run."""
     script = tmp_path / "work.py"
     script.write_text(TERMINABLE)
-    # as from a terminal, where SIGHUP has its default action (pytest-xdist's workers ignore it)
     proc, _ = start_launch("--nproc", "2", str(script), str(tmp_path), ready=" ready pid=", ranks=2,
-                           preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+                           preexec_fn=_default_actions)
     try:
         if where == "terminal":
-            os.killpg(proc.pid, signal.SIGHUP)
+            os.killpg(proc.pid, sig)
         else:
-            proc.send_signal(signal.SIGHUP)
+            proc.send_signal(sig)
         code = proc.wait(timeout=30)
     finally:
         kill_group(proc.pid)
         _, err = proc.communicate()
-    assert code == 128 + signal.SIGHUP, err
-    assert "SIGHUP received, stopping every rank" in err
+    assert code == 128 + sig, err
+    assert f"{sig.name} received, stopping every rank" in err
     assert sorted(p.name for p in tmp_path.glob("terminated-*")) == ["terminated-0", "terminated-1"]
 
 

@@ -49,8 +49,10 @@ DUMP_WAIT_S = 1.0  # and a dump of its stacks for faulthandler to write it
 # the launcher still hears the host in time, the job goes on.
 LAUNCHER_SILENCE = 2
 # A stop by these reaches the ranks at once, as a terminal would pass it on: Ctrl-C and SIGTERM as
-# they are, a hangup as SIGTERM, which a script's handler (a preempted machine's) may catch.
-PASSED_ON = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM}
+# they are, a hangup and Ctrl-\ as SIGTERM, which a script's handler (a preempted machine's) may
+# catch. (SIGQUIT's default action would end a rank with no finally block run, and dump core.)
+PASSED_ON = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM,
+             signal.SIGQUIT: signal.SIGTERM}
 
 
 @dataclass
@@ -261,9 +263,9 @@ class Agent:
         self.stop_reason: str | None = None
         self.stopped_why: str | None = None  # for the exits, when this agent stops its ranks on its own
         self._stop_started: float | None = None
-        # SIGINT or SIGTERM that stopped the job (the user's Ctrl-C, here or at the launcher):
-        # passed on to the ranks at once, as a terminal would, so the script stops where it is
-        # (KeyboardInterrupt, its own handlers) rather than after the grace period
+        # The signal that stopped the job (the user's Ctrl-C, here or at the launcher), as
+        # PASSED_ON passes it on to the ranks at once, as a terminal would, so the script stops
+        # where it is (KeyboardInterrupt, its own handlers) rather than after the grace period
         self.interrupt: int | None = None
         self.data_addrs: list[str] = []
         self.main_iface: str | None = None  # the interface that holds the main data address
@@ -281,7 +283,7 @@ class Agent:
 
     def run(self) -> int:
         threading.Thread(target=self._watch_stdin, daemon=True).start()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in PASSED_ON:
             signal.signal(sig, self._on_signal)
         held = netaddr.held_addresses()  # this Mac's addresses, read once for all that follows
         networks = [net for _, net in held]
