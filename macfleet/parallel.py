@@ -41,7 +41,8 @@ from torch import nn
 
 from macfleet import runtime as rt
 from macfleet.backends import Device, HostEvent
-from macfleet.collectives import WIRE_DTYPES, WORK_DTYPE, Collectives
+from macfleet.arguments import WIRE_DTYPES
+from macfleet.collectives import WORK_DTYPE, Collectives
 from macfleet.errors import ConfigError, ProtocolError
 from macfleet.join import Join
 

@@ -26,8 +26,8 @@ import torch
 import zmq
 
 from macfleet import backends, errorfile, hostops, knobs, protocol, segments
-from macfleet.collectives import (LEFT, SMALL_BYTES, ZERO_COPY_BYTES, Collectives, check_all_gather, check_all_reduce,
-                                  check_broadcast, error_line)
+from macfleet.arguments import check_all_gather, check_all_reduce, check_broadcast
+from macfleet.collectives import LEFT, SMALL_BYTES, ZERO_COPY_BYTES, Collectives, error_line
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
 from macfleet.errors import ConfigError, MacfleetError, ProtocolError, RendezvousError
