@@ -45,6 +45,7 @@ from macfleet.arguments import WIRE_DTYPES
 from macfleet.collectives import WORK_DTYPE, Collectives
 from macfleet.errors import ConfigError, ProtocolError
 from macfleet.join import Join
+from macfleet.same_model import check_same_model
 
 
 @dataclass
@@ -150,6 +151,7 @@ class DataParallel(nn.Module):
                 if p.grad is not None and p.grad.data_ptr() == bucket.view(k).data_ptr():
                     p.grad = p.grad.clone()
         with torch.no_grad(), rt.on_behalf_of(caller):
+            check_same_model(self.module)
             _broadcast_flat([p for _, p in self._known_params], "parameters")
             self._broadcast_buffers(0)
             self.buckets, self._where = [], {}

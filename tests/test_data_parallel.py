@@ -143,6 +143,17 @@ def test_ranks_that_change_their_models_differently_are_stopped() -> None:
     assert job.seconds < 30
 
 
+def test_ranks_that_build_different_models_are_told_which_layer_differs() -> None:
+    """The last rank's model has a class more (a class count read from a file that differs on its
+    Mac). That was found as a broadcast of another size ("rank 2 is in broadcast of 948 float32
+    ... while rank 0 is in broadcast of 931 float32"), which names no layer; DDP names it."""
+    job, report = failed("model-differs", nproc=3)
+    assert "ConfigError: rank 2 wraps a different model from rank 0's in DataParallel: parameter '4.weight' is " \
+           "[4, 16] float32 on rank 2 and [3, 16] float32 on rank 0" in report, report
+    assert report.count("exited with code 1 [ConfigError]") == 2, report  # every rank says so, not only rank 2
+    assert job.seconds < 30
+
+
 def test_shares_that_do_not_fit_the_job_are_refused() -> None:
     with pytest.raises(macfleet.ConfigError, match="1 numbers above 0"):
         macfleet.DataParallel(nn.Linear(2, 2), shares=[1, 2])  # a job of one: one share

@@ -31,6 +31,7 @@ from macfleet.launcher.report import pace_report, stood_by_report
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.lines import LONGEST, pieces
 from macfleet.parallel import bucket_layout
+from macfleet.same_model import difference, layout
 from macfleet.sampler import DistributedSampler
 from macfleet.transport import Channel, ChannelId, Liveness
 
@@ -930,3 +931,29 @@ def test_a_faulthandler_dump_is_tidied_like_a_traceback(tmp_path) -> None:
     pool.shutdown()
     assert "in waits_for_work\n    inbox.get()" in text, text
     assert "(most recent call last)" in text and "concurrent" not in text, text
+
+
+# -- every rank wraps the same model ----------------------------------------------------------
+def test_a_model_that_differs_between_ranks_is_named_by_its_first_difference() -> None:
+    """The error every rank raises when DataParallel's ranks wrap different models (the job case
+    is in test_data_parallel): a layer more, a layer frozen on one rank, a buffer fewer."""
+    def model(width: int = 10, extra: bool = False, stats: bool = True) -> torch.nn.Module:
+        layers = [torch.nn.Linear(4, width), torch.nn.BatchNorm1d(width, track_running_stats=stats),
+                  torch.nn.Linear(width, 2)]
+        return torch.nn.Sequential(*layers, *([torch.nn.Linear(2, 2)] if extra else []))
+
+    frozen = model()
+    frozen[2].requires_grad_(False)
+    ours = layout(model())
+    assert "rank 2 has 8 parameters and rank 0 has 6; the first one rank 0 lacks is parameter '3.weight' " \
+           "([2, 2] float32)" in difference([ours, ours, layout(model(extra=True))])
+    assert difference([ours, layout(frozen)]).startswith(
+        "rank 1 wraps a different model from rank 0's in DataParallel: parameter '2.weight' trains on rank 0 and "
+        "is frozen (requires_grad=False) on rank 1. Every rank must build the same model")
+    assert "rank 0 has 3 buffers and rank 1 has 0; the first one rank 1 lacks is buffer '1.running_mean' " \
+           "([10] float32)" in difference([ours, layout(model(stats=False)), ours])
+    assert difference([ours, layout(model(11)), layout(model(12))]).startswith(
+        "ranks 1, 2 wrap a different model from rank 0's in DataParallel: parameter '0.weight' is [11, 4] "
+        "float32 on rank 1 and [10, 4] float32 on rank 0")
+    with pytest.raises(ValueError):
+        difference([ours, layout(model())])

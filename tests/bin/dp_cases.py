@@ -329,6 +329,8 @@ def run(case, out):
     rank, world = macfleet.rank(), macfleet.world_size()
     module = make(case)
     module = for_ranks(case, module)
+    if case == "model-differs" and rank == world - 1:  # a class count read from a file that differs on its Mac
+        module[4] = nn.Linear(16, 4)
     if case == "order":
         module.first = "a" if rank % 2 == 0 else "b"
     single = case.endswith("single")
