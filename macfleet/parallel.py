@@ -40,8 +40,8 @@ import torch
 from torch import nn
 
 from macfleet import runtime as rt
-from macfleet.backends import Device, HostEvent
 from macfleet.arguments import WIRE_DTYPES
+from macfleet.backends import Device, HostEvent
 from macfleet.collectives import WORK_DTYPE, Collectives
 from macfleet.errors import ConfigError, ProtocolError
 from macfleet.join import Join
