@@ -126,7 +126,10 @@ class DataParallel(nn.Module):
         self._collectives: Collectives = self.runtime.collectives  # for the hooks below
         self._collectives.step_share = self.scale / self.runtime.world_size  # its part of each step
         with torch.no_grad(), rt.on_behalf_of("DataParallel (start)"):
-            _agree_on_shares(shares, self.runtime.world_size)
+            _agree_on_options(shares, self.runtime.world_size, {
+                "bucket_cap_mb": bucket_cap_mb, "first_bucket_mb": first_bucket_mb,
+                "broadcast_buffers": broadcast_buffers, "find_unused_parameters": find_unused_parameters,
+                "compression": compression})
         self._lay_out("DataParallel (start)")
 
     # -- layout -------------------------------------------------------------------------------
@@ -687,13 +690,28 @@ def _share_weights(shares: Sequence[float] | None, world: int) -> list[float]:
     return weights
 
 
-def _agree_on_shares(shares: Sequence[float] | None, world: int) -> None:
-    """Every rank must weight its gradients by the same shares, or the average is wrong on all."""
-    mine = torch.tensor([1.0] * world if shares is None else [float(s) for s in shares], dtype=torch.float64)
-    rank0 = rt.broadcast(mine.clone(), 0, name="shares")
-    if not torch.equal(mine, rank0):
-        raise ConfigError(f"this rank's DataParallel shares {mine.tolist()} differ from rank 0's {rank0.tolist()}: "
+def _agree_on_options(shares: Sequence[float] | None, world: int, options: dict[str, float | bool | str]) -> None:
+    """Every rank must pass DataParallel the same options. Shares weight the gradients: the
+    average is wrong on all ranks if they differ. The bucket sizes lay the buckets out, and
+    ``broadcast_buffers`` makes a collective at every forward: ranks that differ met in
+    collectives of different sizes or kinds ("rank 1 is in shared_tensor of 880 float32 ...
+    while rank 0 is in shared_tensor of 528 float32"), an error that named no option. ``compression`` and
+    ``find_unused_parameters`` change what crosses the network and when. One broadcast of rank
+    0's, and a rank that differs names the option."""
+    def number(value: float | bool | str) -> float:
+        return float(list(WIRE_DTYPES).index(value)) if isinstance(value, str) else float(value)
+
+    given = [1.0] * world if shares is None else [float(s) for s in shares]
+    mine = torch.tensor(given + [number(v) for v in options.values()], dtype=torch.float64)
+    rank0 = rt.broadcast(mine.clone(), 0, name="options")
+    if not torch.equal(mine[:world], rank0[:world]):
+        raise ConfigError(f"this rank's DataParallel shares {given} differ from rank 0's {rank0[:world].tolist()}: "
                           f"every rank must pass the same list")
+    for (name, value), theirs in zip(options.items(), rank0[world:].tolist(), strict=True):
+        if number(value) != theirs:
+            theirs_as = list(WIRE_DTYPES)[int(theirs)] if isinstance(value, str) else type(value)(theirs)
+            raise ConfigError(f"this rank's DataParallel {name}={value!r} differs from rank 0's {name}={theirs_as!r}: "
+                              f"every rank must pass the same options")
 
 
 def _check_trainable(named: list[tuple[str, nn.Parameter]], device: Device) -> None:

@@ -143,6 +143,15 @@ def test_ranks_that_change_their_models_differently_are_stopped() -> None:
     assert job.seconds < 30
 
 
+def test_ranks_that_pass_different_options_are_told_which() -> None:
+    """Rank 1 lays its gradient buckets out with another cap: the ranks met in collectives of
+    different sizes ("rank 1 is in shared_tensor of 880 float32 ... while rank 0 is in
+    shared_tensor of 528 float32"), an error that named no option."""
+    _, report = failed("options-differ", nproc=3)
+    assert "rank 1" in report and "ConfigError: this rank's DataParallel bucket_cap_mb=1.0 differs from rank 0's " \
+                                  "bucket_cap_mb=0.0001: every rank must pass the same options" in report, report
+
+
 def test_ranks_that_build_different_models_are_told_which_layer_differs() -> None:
     """The last rank's model has a class more (a class count read from a file that differs on its
     Mac). That was found as a broadcast of another size ("rank 2 is in broadcast of 948 float32

@@ -343,6 +343,8 @@ def run(case, out):
         options["shares"] = [r + 1 for r in range(world)]
         if case == "shares-differ" and rank == 1:
             options["shares"] = [1] * world
+    if case == "options-differ" and rank == 1:  # its buckets laid out with another cap
+        options["bucket_cap_mb"] = 1.0
     if case.startswith("two-models"):  # -one-bucket: the critic's single bucket is averaged after the generator's
         g = macfleet.DataParallel(module.g, **options)
         d = macfleet.DataParallel(module.d, **({} if case.endswith("one-bucket") else options))
