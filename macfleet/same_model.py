@@ -13,6 +13,7 @@ every rank raises the same error naming the first difference.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -21,15 +22,31 @@ from macfleet import objects
 from macfleet import runtime as rt
 from macfleet.errors import ConfigError
 
-# (kind, name, shape, dtype, trains): what a rank wraps, parameter by parameter, then buffer by buffer
-Entry = tuple[str, str, tuple[int, ...], str, bool]
+
+@dataclass(frozen=True)
+class Entry:
+    """One parameter or buffer of the wrapped model, as every rank must have it."""
+
+    kind: str  # "parameter" or "buffer"
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    trains: bool  # requires_grad; False for a buffer
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name!r}"
+
+    @property
+    def shaped(self) -> str:
+        return f"{list(self.shape)} {self.dtype}"
 
 
 def layout(module: nn.Module) -> list[Entry]:
     """What must be alike on every rank: each parameter's and buffer's name, shape and dtype, in
     registration order, and which parameters train."""
-    return [("parameter", name, tuple(p.shape), _dtype(p), p.requires_grad) for name, p in module.named_parameters()] + \
-        [("buffer", name, tuple(b.shape), _dtype(b), False) for name, b in module.named_buffers()]
+    return [Entry("parameter", name, tuple(p.shape), _dtype(p), p.requires_grad)
+            for name, p in module.named_parameters()] + \
+        [Entry("buffer", name, tuple(b.shape), _dtype(b), False) for name, b in module.named_buffers()]
 
 
 def check_same_model(module: nn.Module) -> None:
@@ -59,34 +76,23 @@ def difference(layouts: list[list[Entry]]) -> str:
 def _first_difference(ours: list[Entry], theirs: list[Entry], r: int) -> str:
     """Parameters first, then buffers: a layer more on one rank is named as what it adds."""
     for kind in ("parameter", "buffer"):
-        mine_all, other_all = [e for e in ours if e[0] == kind], [e for e in theirs if e[0] == kind]
+        mine_all, other_all = [e for e in ours if e.kind == kind], [e for e in theirs if e.kind == kind]
         for mine, other in zip(mine_all, other_all):
             if mine == other:
                 continue
-            if mine[:4] == other[:4]:  # the same parameter, training on one rank only
-                trains, frozen = (r, 0) if other[4] else (0, r)
-                return f"{_named(mine)} trains on rank {trains} and is frozen (requires_grad=False) on rank {frozen}"
-            if mine[:2] == other[:2]:
-                return f"{_named(mine)} is {_shaped(other)} on rank {r} and {_shaped(mine)} on rank 0"
-            return f"rank {r} has {_described(other)} where rank 0 has {_described(mine)}"
+            if (mine.name, mine.shape, mine.dtype) == (other.name, other.shape, other.dtype):
+                trains, frozen = (r, 0) if other.trains else (0, r)  # the same parameter, training on one rank only
+                return f"{mine} trains on rank {trains} and is frozen (requires_grad=False) on rank {frozen}"
+            if mine.name == other.name:
+                return f"{mine} is {other.shaped} on rank {r} and {mine.shaped} on rank 0"
+            return f"rank {r} has {other} ({other.shaped}) where rank 0 has {mine} ({mine.shaped})"
         if len(mine_all) != len(other_all):
             more, fewer = (0, r) if len(mine_all) > len(other_all) else (r, 0)
             extra = (mine_all if more == 0 else other_all)[min(len(mine_all), len(other_all))]
             return (f"rank {more} has {max(len(mine_all), len(other_all))} {kind}s and rank {fewer} has "
-                    f"{min(len(mine_all), len(other_all))}; the first one rank {fewer} lacks is {_described(extra)}")
+                    f"{min(len(mine_all), len(other_all))}; the first one rank {fewer} lacks is {extra} "
+                    f"({extra.shaped})")
     raise ValueError("the layouts do not differ")
-
-
-def _named(entry: Entry) -> str:
-    return f"{entry[0]} {entry[1]!r}"
-
-
-def _shaped(entry: Entry) -> str:
-    return f"{list(entry[2])} {entry[3]}"
-
-
-def _described(entry: Entry) -> str:
-    return f"{_named(entry)} ({_shaped(entry)})"
 
 
 def _dtype(t: torch.Tensor) -> str:
