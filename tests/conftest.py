@@ -153,7 +153,8 @@ def job_processes(everyone: bool = False) -> list[str]:
             pid = parent.get(pid, 0)
         return False
 
-    return [f"{r[0]} {r[2]}" for r in rows if len(r) == 3 and ("macfleet.workers" in r[2] or "macfleet.launcher.cli" in r[2])
+    return [f"{r[0]} {r[2]}" for r in rows
+            if len(r) == 3 and ("macfleet.workers" in r[2] or "macfleet.launcher.cli" in r[2])
             and (everyone or not WORKER or ours(int(r[0])))]
 
 
