@@ -24,14 +24,15 @@ from macfleet import protocol
 from macfleet.launcher import cabling
 from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
+from macfleet.launcher.relay import STDERR, STDOUT, relay
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
-from macfleet.lines import WholeLines, forward_nowhere, pieces
 from macfleet.netaddr import CABLE_ADVICE, over_wifi, route_source
 from macfleet.launcher.report import failure_report, facts_table, pace_report, stood_by_report, versions_differ
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.protocol import AgentSpec
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129, signal.SIGQUIT: 131}
+LAUNCHER = "launcher"  # the writer of our own lines, to the outputs every agent's relay writes to
 FORWARDED_PREFIXES = ("MACFLEET_", "PYTORCH_")  # reach remote ranks, whose environment is sshd's
 
 
@@ -71,7 +72,7 @@ class AgentProc:
     spec: AgentSpec
     proc: subprocess.Popen
     tail: deque = field(default_factory=lambda: deque(maxlen=20))  # its own lines (or ssh's), not its ranks'
-    relay: threading.Thread | None = None  # copies its stderr to ours (``_relay_stderr``)
+    relays: list[threading.Thread] = field(default_factory=list)  # copy its stdout and stderr to ours
 
 
 @dataclass
@@ -96,23 +97,7 @@ def log(message: str) -> None:
 
 
 def _say(text: str) -> None:
-    try:
-        print(text, file=sys.stderr, flush=True)
-    except OSError as exc:
-        _stderr_failed(exc)
-
-
-def _stderr_failed(exc: OSError) -> None:
-    """Whatever read our stderr has gone: ``macfleet launch ... 2>&1 | head`` (EPIPE), or the
-    terminal of a launcher left running in the background (EIO, once it has closed). The job
-    goes on without its lines, as the agents go on without the ranks' output. The failed write
-    used to raise out of the launcher: a job whose ranks all exited 0 exited 1 (on the last
-    line), or was stopped (on a line in mid-job), and the thread that copies an agent's stderr
-    died, so a rank that wrote more than a pipe holds to its stderr waited for good. Later
-    writes, and the interpreter's last flush, now go nowhere. A stderr that is only full for
-    now (non-blocking, EAGAIN) loses that piece, and no more."""
-    if not isinstance(exc, BlockingIOError):
-        forward_nowhere(sys.stderr.fileno())
+    STDERR.write(LAUNCHER, (text + "\n").encode(errors="replace"))
 
 
 def start_agent(spec: AgentSpec, host: Host, cfg: LaunchConfig) -> AgentProc:
@@ -121,14 +106,17 @@ def start_agent(spec: AgentSpec, host: Host, cfg: LaunchConfig) -> AgentProc:
     command = [spec.python, "-m", "macfleet.workers.agent"]
     if host.is_local:
         command[0] = os.path.expanduser(command[0])  # a ~/ path: this Mac's home, as a remote shell does
-        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                cwd=os.path.expanduser(spec.cwd))
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, cwd=os.path.expanduser(spec.cwd))
     else:
         proc = subprocess.Popen(ssh_command(host, cfg.ssh, spec.cwd, command), stdin=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     agent = AgentProc(host, spec, proc)
-    agent.relay = threading.Thread(target=_relay_stderr, args=(agent,), daemon=True)
-    agent.relay.start()
+    assert proc.stdout is not None and proc.stderr is not None
+    agent.relays = [threading.Thread(target=relay, args=(proc.stdout, STDOUT, agent), daemon=True),
+                    threading.Thread(target=relay, args=(proc.stderr, STDERR, agent, agent.tail), daemon=True)]
+    for thread in agent.relays:
+        thread.start()
     assert proc.stdin is not None
     try:
         proc.stdin.write((spec.to_json() + "\n").encode())
@@ -136,23 +124,6 @@ def start_agent(spec: AgentSpec, host: Host, cfg: LaunchConfig) -> AgentProc:
     except BrokenPipeError:
         pass  # ssh already failed; supervision reports it with ssh's own words
     return agent
-
-
-def _relay_stderr(agent: AgentProc) -> None:
-    """An agent's stderr (its ranks' prefixed output; its own words, such as why it refused to
-    start; ssh's errors), as it comes. Its own lines are kept for the failure report."""
-    stream = agent.proc.stderr
-    assert stream is not None
-    lines = WholeLines()
-    for piece in pieces(stream.fileno()):
-        try:
-            sys.stderr.buffer.write(piece)
-            sys.stderr.buffer.flush()
-        except OSError as exc:
-            _stderr_failed(exc)
-        line = lines.add(piece)
-        if line and not line.startswith("[rank "):
-            agent.tail.append(line)
 
 
 def plan_addresses(cfg: LaunchConfig) -> tuple[list[list[str]], list[str], list[str]]:
@@ -369,12 +340,11 @@ def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> No
 
 
 def _drained(agents: list[AgentProc]) -> None:
-    """Until the agents' stderr is copied to the end: 2 s at most in all (an agent that did not
+    """Until the agents' output is copied to the end: 2 s at most in all (an agent that did not
     stop, or a child of one that outlived it and holds the pipe)."""
     deadline = time.monotonic() + 2
-    for agent in agents:
-        if agent.relay is not None:
-            agent.relay.join(timeout=max(0.0, deadline - time.monotonic()))
+    for thread in (t for agent in agents for t in agent.relays):
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _agent_lost(agent: AgentProc, reached: bool, waited_s: float) -> str:

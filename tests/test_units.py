@@ -27,6 +27,7 @@ from macfleet import ConfigError, hostops, netaddr, wire
 from macfleet.backends import MpsDevice, PolledEvent, check_tensor
 from macfleet.env import WorkerEnv
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
+from macfleet.launcher.relay import Output, relay
 from macfleet.launcher.report import pace_report, stood_by_report
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.lines import LONGEST, pieces
@@ -447,6 +448,73 @@ def test_a_line_with_no_end_is_forwarded_in_bounded_pieces() -> None:
     os.close(read)
     assert b"".join(got) == data
     assert max(len(piece) for piece in got) < LONGEST + 65536  # one read past the bound at most
+
+class Capture:
+    """An output a test can wait on: what has been written to it so far."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self._written = threading.Condition()
+
+    def write(self, data: bytes) -> None:
+        with self._written:
+            self.data += data
+            self._written.notify_all()
+
+    def flush(self) -> None:
+        pass
+
+    def wait_for(self, text: bytes) -> None:
+        with self._written:
+            assert self._written.wait_for(lambda: text in self.data, timeout=30), self.data
+
+
+def relayed(settle_s: float, *hosts: str) -> tuple[Capture, dict[str, int], list[threading.Thread]]:
+    """One launcher output, and for each host a pipe its agent's output is relayed from."""
+    sink, writes, threads = Capture(), {}, []
+    output = Output(lambda: sink)
+    for host in hosts:
+        read, writes[host] = os.pipe()
+        threads.append(threading.Thread(target=relay, args=(os.fdopen(read, "rb"), output, host, None, settle_s)))
+        threads[-1].start()
+    return sink, writes, threads
+
+
+def test_two_hosts_lines_never_share_a_line_of_the_launchers_output() -> None:
+    """ssh delivers an agent's output in packets that need not end at a line's end. Written
+    straight to the launcher's stdout, another host's line landed inside one (CI: '[rank 1
+    127.0.0.2] chatter 1 [rank 3 127.0.0.3] chatter 3 8...'). The rest of a line that comes
+    while another host's line goes out still joins its start."""
+    sink, write, threads = relayed(60, "mac1", "mac2")  # no quiet forwards the start alone
+    os.write(write["mac1"], b"[rank 1 mac1] chatter 1 ")  # a packet that ends mid-line
+    os.write(write["mac2"], b"[rank 3 mac2] chatter 3 8\n")
+    sink.wait_for(b"chatter 3 8\n")
+    os.write(write["mac1"], b"875\n")
+    for fd in write.values():
+        os.close(fd)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sink.data == b"[rank 3 mac2] chatter 3 8\n[rank 1 mac1] chatter 1 875\n"
+
+
+def test_a_line_one_host_leaves_unfinished_is_ended_before_another_hosts_line() -> None:
+    """A progress bar shown unfinished, then another host's line: the line goes below the bar,
+    not on after it; an agent that ends mid-line has its line ended too."""
+    sink, write, threads = relayed(0.05, "mac1", "mac2")
+    os.write(write["mac1"], b"[rank 0 mac1] 50%|##")
+    sink.wait_for(b"50%|##")  # forwarded for the quiet alone
+    os.write(write["mac2"], b"[rank 2 mac2] loss 0.1\n")
+    sink.wait_for(b"loss 0.1\n")
+    os.write(write["mac1"], b"[rank 0 mac1] 60%|###")
+    sink.wait_for(b"60%|###")
+    os.close(write["mac1"])
+    threads[0].join(timeout=30)
+    os.write(write["mac2"], b"[rank 2 mac2] loss 0.05\n")
+    os.close(write["mac2"])
+    threads[1].join(timeout=30)
+    assert sink.data == (b"[rank 0 mac1] 50%|##\n[rank 2 mac2] loss 0.1\n"
+                         b"[rank 0 mac1] 60%|###\n[rank 2 mac2] loss 0.05\n")
+
 
 def test_output_on_a_descriptor_above_1024_is_forwarded() -> None:
     """An agent of 150-odd ranks holds descriptors from 1024 on, which select() refuses: its

@@ -1,0 +1,80 @@
+"""Copy every agent's stdout and stderr (its ranks' prefixed lines, and its own words) to the
+launcher's, whole lines at a time.
+
+An agent writes each line of a rank in one write, but an ssh connection delivers what its agent
+wrote in packets that need not end where a line does. Written straight to one terminal by two
+hosts' ssh clients at once, their lines ran into each other ('[rank 1 mac1] chatter 1 [rank 3
+mac2] chatter 3 8...', then the rest of rank 1's line on a line of its own). So stdout comes
+through the launcher too, as stderr already did for the failure report: cut into whole lines
+(``lines.pieces``), each written in one write under its output's lock. A line an agent leaves
+unfinished (a progress bar, or the rest of a line later than ``SETTLE_S``) is ended before
+another agent's piece goes out there, so two hosts' text never shares a line.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import deque
+from typing import IO, Callable
+
+from macfleet.lines import SETTLE_S, WholeLines, forward_nowhere, pieces
+
+
+class Output:
+    """One of the launcher's outputs, which the relays of every agent (and the launcher's own
+    lines) write to. ``stream``: how to find it at each write, as ``sys.stdout`` may be
+    replaced (``reopen_closed_std_streams``, tests that capture it)."""
+
+    def __init__(self, stream: Callable[[], IO[bytes]]) -> None:
+        self._stream = stream
+        # Reentrant: the launcher's own lines are written from its main thread, where a signal
+        # handler may run while that thread holds the lock.
+        self._lock = threading.RLock()
+        self._open_by: object = None  # who wrote the unfinished line there, if one is
+
+    def write(self, writer: object, piece: bytes) -> None:
+        """``piece`` from ``writer`` (an agent, or the launcher), after ending a line another
+        writer left unfinished.
+
+        Whatever read the output may have gone: ``macfleet launch ... 2>&1 | head`` (EPIPE), or
+        the terminal of a launcher left running in the background (EIO, once it has closed). The
+        failed write used to raise out of the launcher: a job whose ranks all exited 0 exited 1
+        (on the last line), or was stopped (on a line in mid-job), and the thread that copies an
+        agent's output died, so a rank that wrote more than a pipe holds waited for good. The job
+        goes on without its lines now: later writes, and the interpreter's last flush, go
+        nowhere. An output that is only full for now (non-blocking, EAGAIN) loses this piece."""
+        with self._lock:
+            if self._open_by is not None and self._open_by is not writer:
+                piece = b"\n" + piece
+            self._open_by = None if piece.endswith(b"\n") else writer
+            stream = self._stream()
+            try:
+                stream.write(piece)
+                stream.flush()
+            except OSError as exc:
+                if not isinstance(exc, BlockingIOError):
+                    forward_nowhere(stream.fileno())
+
+    def end(self, writer: object) -> None:
+        """``writer`` will write no more: a line of its left unfinished is ended now."""
+        with self._lock:
+            if self._open_by is writer:
+                self.write(writer, b"\n")
+
+
+STDOUT = Output(lambda: sys.stdout.buffer)
+STDERR = Output(lambda: sys.stderr.buffer)
+
+
+def relay(stream: IO[bytes], output: Output, writer: object, tail: deque | None = None,
+          settle_s: float = SETTLE_S) -> None:
+    """Copy ``stream`` to ``output`` until its end. ``tail``: where the lines that are not a
+    rank's go (an agent's own words, or ssh's), for the failure report."""
+    lines = WholeLines() if tail is not None else None
+    for piece in pieces(stream.fileno(), settle_s):
+        output.write(writer, piece)
+        line = lines.add(piece) if lines is not None else None
+        if tail is not None and line and not line.startswith("[rank "):
+            tail.append(line)
+    output.end(writer)
