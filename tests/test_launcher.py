@@ -568,6 +568,19 @@ def test_a_progress_bar_reaches_the_terminal_while_it_is_drawn(request, tmp_path
         kill_group(proc.pid)
 
 
+def test_a_rank_held_up_in_mid_line_still_prints_it_whole(tmp_path) -> None:
+    """print() wrote its text and its newline in two calls (ranks ran unbuffered): a rank held
+    up between them longer than the agent waits for a line's end had its text forwarded alone
+    and another rank's lines printed after it on the same line, the newline later on a line of
+    its own."""
+    job = run_launch("--nproc", "2", str(BIN / "stall_mid_line.py"), str(tmp_path), timeout=60)
+    assert job.code == 0, job.output
+    assert "[rank 0] held resumed\n" in job.stdout, job.stdout
+    lines = job.stdout.splitlines()
+    assert all(re.fullmatch(r"\[rank 0\] held resumed|\[rank 1\] meanwhile \d+", line) for line in lines), lines
+    assert sum(line.startswith("[rank 1]") for line in lines) > 5, lines  # printed while rank 0 was held
+
+
 def close_std_streams() -> None:
     for fd in (0, 1, 2):
         os.close(fd)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import faulthandler
 import gc
 import importlib.util
+import io
 import os
 import runpy
 import sys
@@ -37,6 +38,14 @@ def main() -> None:
     # process) prints every thread's Python stack on stderr, whose last lines the report shows,
     # before the process dies of its signal as it would have: the line of the script that did it.
     faulthandler.enable()
+    # Line-buffered, as on a terminal, not unbuffered as PYTHONUNBUFFERED made them (the rank's
+    # own Python children keep that, so their output still streams). Unbuffered, print() writes
+    # its text and its newline in two calls, and a rank held up between them for longer than
+    # the agent's SETTLE_S (a loaded Mac) had its line forwarded in two pieces, another rank's
+    # line between them. Line-buffered, a line leaves in one write, and a bar's \r redraw too.
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True, write_through=False)
     if os.environ.get("MACFLEET_AGENT_FD"):
         _start_keeper(int(os.environ.pop("MACFLEET_AGENT_FD")))
     if os.environ.get("MACFLEET_STACKS_FILE"):  # where a rank that holds the GIL for good is (dumps.py)
