@@ -140,7 +140,9 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
 @host_options
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True, show_envvar=True,
               help="Device of every rank: auto picks mps, then cuda, then cpu.")
-@click.option("--seed", type=int, default=0, show_default=True, show_envvar=True,
+# torch takes seeds below 2**64: each rank's seed + r, and the sampler's seed + epoch, stay
+# below it. Out of range, every rank failed in macfleet.init() with "Overflow when unpacking".
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, show_envvar=True,
               help="Base seed; rank r seeds its generators with seed + r.")
 @click.option("--memory-fraction", type=click.FloatRange(0.0, 1.0, min_open=True), default=None, show_envvar=True,
               help="Each process's share of its GPU's memory [default: 0.9 / processes per host].")

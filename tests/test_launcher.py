@@ -432,7 +432,7 @@ def test_the_terminal_shows_only_rank_lines_and_macfleets_own() -> None:
 def test_bad_flags_are_usage_errors() -> None:
     for args in (["--nproc", "0", BEHAVE], ["--hosts", "a:x", BEHAVE], ["--device", "tpu", BEHAVE],
                  ["--memory-fraction", "1.5", BEHAVE], ["--python", "/no/python", BEHAVE],
-                 ["--cwd", "/no/directory", BEHAVE]):
+                 ["--cwd", "/no/directory", BEHAVE], ["--seed", str(2**64), BEHAVE], ["--seed", "-1", BEHAVE]):
         job = run_launch(*args)
         assert job.code == 2, args
         assert "Traceback" not in job.stderr and "Error" in job.stderr, job.stderr
