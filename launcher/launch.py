@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from macfleet import protocol
 from macfleet.launcher import cabling
 from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
-from macfleet.launcher.relay import STDERR, STDOUT, relay
+from macfleet.launcher.relay import STDERR, STDOUT, Relay, drain
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
 from macfleet.netaddr import CABLE_ADVICE, over_wifi, route_source
 from macfleet.launcher.report import failure_report, facts_table, pace_report, stood_by_report, versions_differ
@@ -72,7 +71,7 @@ class AgentProc:
     spec: AgentSpec
     proc: subprocess.Popen
     tail: deque = field(default_factory=lambda: deque(maxlen=20))  # its own lines (or ssh's), not its ranks'
-    relays: list[threading.Thread] = field(default_factory=list)  # copy its stdout and stderr to ours
+    relays: list[Relay] = field(default_factory=list)  # copy its stdout and stderr to ours
 
 
 @dataclass
@@ -113,10 +112,9 @@ def start_agent(spec: AgentSpec, host: Host, cfg: LaunchConfig) -> AgentProc:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     agent = AgentProc(host, spec, proc)
     assert proc.stdout is not None and proc.stderr is not None
-    agent.relays = [threading.Thread(target=relay, args=(proc.stdout, STDOUT, agent), daemon=True),
-                    threading.Thread(target=relay, args=(proc.stderr, STDERR, agent, agent.tail), daemon=True)]
-    for thread in agent.relays:
-        thread.start()
+    agent.relays = [Relay(proc.stdout, STDOUT, agent), Relay(proc.stderr, STDERR, agent, agent.tail)]
+    for relay in agent.relays:
+        relay.start()
     assert proc.stdin is not None
     try:
         proc.stdin.write((spec.to_json() + "\n").encode())
@@ -317,7 +315,7 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
         if abort_at is not None and time.monotonic() - abort_at > 2 * cfg.grace_s + 5:
             log("agents did not stop in time; killing them")
             break
-    _drained(agents)  # what they wrote last (a rank's traceback), before the report
+    drain([r for a in agents for r in a.relays])  # what they wrote last (a rank's traceback), before the report
 
 
 def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> None:
@@ -339,17 +337,9 @@ def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> No
     coord.start_agents(master_addr=str(coord.hellos[0].get("data_addr", "")))
 
 
-def _drained(agents: list[AgentProc]) -> None:
-    """Until the agents' output is copied to the end: 2 s at most in all (an agent that did not
-    stop, or a child of one that outlived it and holds the pipe)."""
-    deadline = time.monotonic() + 2
-    for thread in (t for agent in agents for t in agent.relays):
-        thread.join(timeout=max(0.0, deadline - time.monotonic()))
-
-
 def _agent_lost(agent: AgentProc, reached: bool, waited_s: float) -> str:
     """Why an agent ended before the job did. ``reached``: it had said hello, so ssh worked."""
-    _drained([agent])  # its last words
+    drain(agent.relays)  # its last words
     code = agent.proc.returncode
     if code == 0 and reached:
         return (f"the agent on {agent.host.name} ended and its ranks finished, but its last messages (their "

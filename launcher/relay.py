@@ -13,8 +13,10 @@ another agent's piece goes out there, so two hosts' text never shares a line.
 
 from __future__ import annotations
 
+import select
 import sys
 import threading
+import time
 from collections import deque
 from typing import IO, Callable
 
@@ -67,14 +69,45 @@ STDOUT = Output(lambda: sys.stdout.buffer)
 STDERR = Output(lambda: sys.stderr.buffer)
 
 
-def relay(stream: IO[bytes], output: Output, writer: object, tail: deque | None = None,
-          settle_s: float = SETTLE_S) -> None:
-    """Copy ``stream`` to ``output`` until its end. ``tail``: where the lines that are not a
-    rank's go (an agent's own words, or ssh's), for the failure report."""
-    lines = WholeLines() if tail is not None else None
-    for piece in pieces(stream.fileno(), settle_s):
-        output.write(writer, piece)
-        line = lines.add(piece) if lines is not None else None
-        if tail is not None and line and not line.startswith("[rank "):
-            tail.append(line)
-    output.end(writer)
+class Relay(threading.Thread):
+    """Copies one stream of an agent to one of our outputs until its end. ``tail``: where the
+    lines that are not a rank's go (an agent's own words, or ssh's), for the failure report."""
+
+    def __init__(self, stream: IO[bytes], output: Output, writer: object, tail: deque | None = None,
+                 settle_s: float = SETTLE_S) -> None:
+        super().__init__(daemon=True)  # one waiting on a stream a stray process holds must not keep us
+        self.stream, self.output, self.writer, self.tail, self.settle_s = stream, output, writer, tail, settle_s
+        self.writing = False
+
+    def run(self) -> None:
+        lines = WholeLines() if self.tail is not None else None
+        for piece in pieces(self.stream.fileno(), self.settle_s):
+            self.writing = True
+            self.output.write(self.writer, piece)
+            self.writing = False
+            line = lines.add(piece) if lines is not None else None
+            if self.tail is not None and line and not line.startswith("[rank "):
+                self.tail.append(line)
+        self.output.end(self.writer)
+
+    def busy(self) -> bool:
+        """Writing, or with input to read: getting on with it, not waiting on a stream that may
+        never end (a child of the agent that outlived it holds the pipe)."""
+        if self.writing:
+            return True
+        poller = select.poll()
+        poller.register(self.stream.fileno(), select.POLLIN)
+        return any(events & (select.POLLIN | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def drain(relays: list[Relay], idle_s: float = 2.0) -> None:
+    """Until every relay has copied its stream to the end. One still waiting for input after
+    ``idle_s`` in all is left (its stream may never end). One that is writing, or has input
+    to read, is waited for: the reader may be slower than the job (``macfleet launch ... |
+    less`` before the user scrolls down), and what the relay holds is the job's last lines.
+    The launcher used to stop waiting after 2 s whatever the relay was doing, and exit without
+    them."""
+    deadline = time.monotonic() + idle_s
+    for relay in relays:
+        while relay.is_alive() and (time.monotonic() < deadline or relay.busy()):
+            relay.join(timeout=0.05)

@@ -16,7 +16,7 @@ import termios
 import time
 
 import pytest
-from conftest import BIN, job_processes, kill_group, launch_command, run_launch, start_launch
+from conftest import BIN, job_processes, kill_group, launch_command, run_launch, start_launch, wait_for_no_job_processes
 from test_faults import behave_line
 
 BEHAVE = str(BIN / "behave.py")
@@ -579,6 +579,27 @@ def test_a_rank_held_up_in_mid_line_still_prints_it_whole(tmp_path) -> None:
     lines = job.stdout.splitlines()
     assert all(re.fullmatch(r"\[rank 0\] held resumed|\[rank 1\] meanwhile \d+", line) for line in lines), lines
     assert sum(line.startswith("[rank 1]") for line in lines) > 5, lines  # printed while rank 0 was held
+
+
+def test_a_reader_slower_than_the_job_still_gets_its_last_lines() -> None:
+    """``macfleet launch ... | less``, the user not scrolling yet: the agents exit once their
+    last lines are in the pipes to the launcher, and the launcher waited 2 s at most for its
+    relays, then exited without those lines (the final accuracy; a failure's traceback)."""
+    proc = subprocess.Popen(launch_command("--nproc", "2", str(BIN / "chatter.py"), "400"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        # 100 KB in all: more than the pipe to us holds, less than it and the agent's pipe together
+        def ranks_and_agents() -> list[str]:
+            return [p for p in job_processes() if "macfleet.workers" in p]
+
+        assert wait_for_no_job_processes(60, find=ranks_and_agents) == []
+        time.sleep(3)  # the reader away for longer than the launcher waited: what is tested, not a wait for it
+        out, err = proc.communicate(timeout=60)
+    finally:
+        kill_group(proc.pid)
+    assert proc.returncode == 0, err
+    lines = out.decode().splitlines()
+    assert len(lines) == 800 and all(line.endswith("." * 100) for line in lines), (len(lines), lines[-3:])
 
 
 def close_std_streams() -> None:

@@ -27,7 +27,7 @@ from macfleet import ConfigError, hostops, netaddr, wire
 from macfleet.backends import MpsDevice, PolledEvent, check_tensor
 from macfleet.env import WorkerEnv
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
-from macfleet.launcher.relay import Output, relay
+from macfleet.launcher.relay import Output, Relay
 from macfleet.launcher.report import pace_report, stood_by_report
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.lines import LONGEST, pieces
@@ -469,15 +469,15 @@ class Capture:
             assert self._written.wait_for(lambda: text in self.data, timeout=30), self.data
 
 
-def relayed(settle_s: float, *hosts: str) -> tuple[Capture, dict[str, int], list[threading.Thread]]:
+def relayed(settle_s: float, *hosts: str) -> tuple[Capture, dict[str, int], list[Relay]]:
     """One launcher output, and for each host a pipe its agent's output is relayed from."""
-    sink, writes, threads = Capture(), {}, []
+    sink, writes, relays = Capture(), {}, []
     output = Output(lambda: sink)
     for host in hosts:
         read, writes[host] = os.pipe()
-        threads.append(threading.Thread(target=relay, args=(os.fdopen(read, "rb"), output, host, None, settle_s)))
-        threads[-1].start()
-    return sink, writes, threads
+        relays.append(Relay(os.fdopen(read, "rb"), output, host, settle_s=settle_s))
+        relays[-1].start()
+    return sink, writes, relays
 
 
 def test_two_hosts_lines_never_share_a_line_of_the_launchers_output() -> None:
