@@ -37,7 +37,9 @@ class Output:
 
     def write(self, writer: object, piece: bytes) -> None:
         """``piece`` from ``writer`` (an agent, or the launcher), after ending a line another
-        writer left unfinished.
+        writer left unfinished. A redraw (a piece ending with \\r: a rank's progress bar) is
+        not shown while another writer's line is open, as each agent does among its own ranks
+        (``Agent._show``): a bar on every host would scroll the terminal a line per redraw.
 
         Whatever read the output may have gone: ``macfleet launch ... 2>&1 | head`` (EPIPE), or
         the terminal of a launcher left running in the background (EIO, once it has closed). The
@@ -48,6 +50,8 @@ class Output:
         nowhere. An output that is only full for now (non-blocking, EAGAIN) loses this piece."""
         with self._lock:
             if self._open_by is not None and self._open_by is not writer:
+                if piece.endswith(b"\r"):
+                    return
                 piece = b"\n" + piece
             self._open_by = None if piece.endswith(b"\n") else writer
             stream = self._stream()

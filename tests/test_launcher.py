@@ -543,7 +543,9 @@ def test_a_progress_bar_reaches_the_terminal_while_it_is_drawn(request, tmp_path
     """tqdm redraws with a carriage return and writes no newline until it finishes; the agent
     (and, for a remote host, the launcher relaying ssh) cut output at newlines only, so a bar
     showed nothing for a whole epoch. Rank 0 waits until the test has seen its bar; another
-    rank's line, printed while the bar is open, must start on a line of its own."""
+    rank's line, printed while the bar is open, must start on a line of its own. That rank's
+    own bar shows only its last state: each redraw started a line of its own, and a bar on
+    every rank scrolled the terminal a line per redraw."""
     hosts = ["--nproc", "2"]
     if where == "remote":
         hosts = ["--hosts", "127.0.0.2:2", *request.getfixturevalue("sshd").launch_options()]
@@ -561,7 +563,8 @@ def test_a_progress_bar_reaches_the_terminal_while_it_is_drawn(request, tmp_path
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, (out, seen + err)
         output = seen + err
-        assert b"[rank 0] step 1/2\n[rank 1] rank 1 says hello\n" in output, output  # the open bar was ended
+        assert b"[rank 0] step 1/2\n[rank 1] bar 3/3\n[rank 1] rank 1 says hello\n" in output, output  # ended
+        assert b"bar 1/3" not in output and b"bar 2/3" not in output, output
         assert b"[rank 0] step 2/2\n" in output, output
         assert all(m.start() == 0 for m in re.finditer(rb"(?<![\r\n])\[rank ", output)), output  # at line starts
     finally:

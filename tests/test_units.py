@@ -516,6 +516,20 @@ def test_a_line_one_host_leaves_unfinished_is_ended_before_another_hosts_line() 
                          b"[rank 0 mac1] 60%|###\n[rank 2 mac2] loss 0.05\n")
 
 
+def test_a_hosts_redraws_wait_while_another_hosts_bar_is_drawn() -> None:
+    """A bar on every host: each redraw started a line of its own, and the terminal scrolled a
+    line per redraw. Redraws (pieces ending in \\r) from another host are not shown while one
+    host's line is open; its whole lines are, and so are its redraws once the line is free."""
+    sink = Capture()
+    output = Output(lambda: sink)
+    output.write("mac1", b"[rank 0 mac1] 10%\r")
+    output.write("mac2", b"[rank 2 mac2] 20%\r")  # a state the next redraw replaces
+    output.write("mac2", b"[rank 2 mac2] done\n")
+    output.write("mac1", b"[rank 0 mac1] 11%\r")  # the line is free again
+    output.write("mac1", b"[rank 0 mac1] done\n")
+    assert sink.data == b"[rank 0 mac1] 10%\r\n[rank 2 mac2] done\n[rank 0 mac1] 11%\r[rank 0 mac1] done\n"
+
+
 def test_output_on_a_descriptor_above_1024_is_forwarded() -> None:
     """An agent of 150-odd ranks holds descriptors from 1024 on, which select() refuses: its
     pump threads died with ValueError and the ranks' output was lost."""

@@ -466,12 +466,20 @@ class Agent:
         """Write one piece of a rank's output to ``sink`` (under ``out_lock``); whether the rank's
         next piece starts a line. A line may arrive in pieces (a progress bar redrawn with \\r):
         the prefix goes before its first piece only, and a line another rank left open is ended
-        before this rank writes."""
+        before this rank writes.
+
+        While another rank's line is open (its progress bar), this rank's redraws are not shown:
+        each one started a line of its own, and with tqdm on every rank (10 redraws a second
+        each) the terminal scrolled a line per redraw. A redraw is a state the next one replaces;
+        the bar's last state ends with a newline and is shown, as are whole lines, and
+        ``--log-dir`` keeps every redraw."""
         owner = self._open_line.get(id(sink))
         ours = owner == prefix and not at_start  # our line is open: this piece continues it
         if piece == b"\r" and (at_start or owner != prefix):
             return True  # a redraw with nothing drawn on this line yet: nothing to show
         if owner is not None and owner != prefix:
+            if piece.endswith(b"\r"):
+                return True  # a redraw of ours while another rank's line is open: not shown
             _write(sink, b"\n")  # another rank's bar would be overwritten, or run on into ours
         _write(sink, (b"" if ours else prefix) + piece)
         self._open_line[id(sink)] = None if piece.endswith(b"\n") else prefix
