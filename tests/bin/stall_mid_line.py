@@ -2,14 +2,23 @@
 Mac can be, while rank 1 prints lines: ``stall_mid_line.py DIR``. ``print("held", Stall())``
 writes "held" and the separator before it calls ``Stall.__str__``, which holds rank 0 up for
 a second (the hold-up is what is tested, not a wait for anything) while rank 1 prints from
-the moment DIR/held exists until DIR/resumed does."""
+the moment DIR/held exists until DIR/resumed does. Rank 0 starts once rank 1 is there
+(DIR/ready), so that a rank started late still prints while rank 0 is held."""
 
 import os
 import sys
 import time
 
 rank = int(os.environ["RANK"])
-held, resumed = (os.path.join(sys.argv[1], name) for name in ("held", "resumed"))
+ready, held, resumed = (os.path.join(sys.argv[1], name) for name in ("ready", "held", "resumed"))
+
+
+def wait_for(path: str) -> None:
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            sys.exit(3)
+        time.sleep(0.01)  # polling for the other rank's file, which is the synchronisation
 
 
 class Stall:
@@ -21,13 +30,11 @@ class Stall:
 
 
 if rank == 0:
+    wait_for(ready)
     print("held", Stall())
 else:
-    deadline = time.monotonic() + 60
-    while not os.path.exists(held):
-        if time.monotonic() > deadline:
-            sys.exit(3)
-        time.sleep(0.01)  # polling for rank 0's file, which is the synchronisation
+    open(ready, "w").close()
+    wait_for(held)
     i = 0
     while not os.path.exists(resumed):
         print(f"meanwhile {i}")
