@@ -93,6 +93,7 @@ class DataParallel(nn.Module):
             raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
         self.module = module
         self.runtime = rt.runtime()
+        leave_out_of_graphs()
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
         self.compression = compression
@@ -636,8 +637,9 @@ def _exchange(bucket: Bucket, staged: torch.Tensor, compression: str) -> None:
         rt.all_reduce(staged, "avg", name=f"gradient bucket {bucket.index}", compression=compression)
 
 
-# torch 2.3 and later; torch.compile was rare before, and Dynamo folds this call while it traces
-_is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lambda: False)
+# torch 2.3 and later (Dynamo folds this call while it traces); None before
+_is_compiling: Callable[[], bool] | None = getattr(torch.compiler, "is_compiling", None)
+_left_out = False  # whether ``leave_out_of_graphs`` has run
 
 
 def _tensors(output: Any) -> Iterator[torch.Tensor]:
@@ -661,8 +663,28 @@ def eagerly(fn: Callable[..., T]) -> Callable[..., T]:
     (``torch.compile(DataParallel(net))``, as DDP's users write it). DataParallel's bookkeeping
     is Python with side effects: traced, it printed Dynamo's warnings about builtins it cannot
     trace, and guarded the graph on counters that change. Not applied once at import: that
-    imports torch._dynamo, 1.3 s of every rank's start, for the scripts that never compile."""
+    imports torch._dynamo, 1.3 s of every rank's start, for the scripts that never compile.
+    On torch 2.1 and 2.2 ``fn`` is left out already (``leave_out_of_graphs``)."""
+    if _is_compiling is None:
+        return fn
     return torch.compiler.disable(fn) if _is_compiling() else fn
+
+
+def leave_out_of_graphs() -> None:
+    """torch 2.1 and 2.2 cannot say whether Dynamo is tracing, so ``eagerly`` cannot ask, and
+    the bookkeeping, traced, made ``torch.compile(DataParallel(net))`` compile again at every
+    step (steps 15x slower on torch 2.1). There the methods that ``eagerly`` wraps are left out
+    of every graph for good, when the first DataParallel is made: that imports torch._dynamo
+    (0.3 s on torch 2.1), and each call of them costs a few microseconds more."""
+    global _left_out
+    if _is_compiling is not None or _left_out:
+        return
+    from macfleet.sync_batch_norm import SyncBatchNorm  # it imports this module
+
+    for cls, name in ((DataParallel, "_before_training_forward"), (DataParallel, "_watch_outputs"),
+                      (SyncBatchNorm, "_synced")):
+        setattr(cls, name, torch.compiler.disable(getattr(cls, name)))
+    _left_out = True
 
 
 def _share_batch_statistics(module: nn.Module) -> None:

@@ -18,7 +18,7 @@ CASES = {
     "avg-of-ints": lambda: macfleet.all_reduce(torch.ones(3, dtype=torch.int64), op="avg"),
     "avg-of-bools": lambda: macfleet.all_reduce(torch.ones(3, dtype=torch.bool), op="avg"),
     "max-of-complex": lambda: macfleet.all_reduce(torch.ones(3, dtype=torch.complex64), op="max"),
-    "dtype": lambda: macfleet.all_reduce(torch.ones(3, dtype=torch.uint16)),
+    "dtype": lambda: macfleet.all_reduce(torch.ones(3).to(torch.float8_e4m3fn)),
     "compression": lambda: macfleet.all_reduce(torch.ones(3), compression="zip"),
     "not-a-tensor": lambda: macfleet.all_gather([1.0, 2.0]),
     "src": lambda: macfleet.broadcast(torch.ones(3), src=-1),
