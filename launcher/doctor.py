@@ -39,6 +39,8 @@ def check_ssh(host: Host, cfg: LaunchConfig) -> str | None:
                              timeout=cfg.ssh.connect_timeout_s + 60)
     except subprocess.TimeoutExpired:
         return "unreachable: ssh did not answer"
+    except OSError as exc:  # no ssh on this machine, say
+        return f"cannot run {command[0]}: {exc.strerror}"
     if out.returncode == 0:
         return None
     if out.returncode == 3:

@@ -160,6 +160,8 @@ def probe_host(host: Host, ssh: SshOptions) -> str:
                              timeout=ssh.connect_timeout_s + 60)
     except subprocess.TimeoutExpired:
         raise ValueError("it did not answer within a minute") from None
+    except OSError as exc:  # no ssh on this machine, say
+        raise ValueError(f"cannot run {command[0]}: {exc.strerror}") from None
     if out.returncode != 0:
         said = [line for line in out.stderr.splitlines() if line.strip()]
         raise ValueError(said[-1] if said else f"the commands exited with code {out.returncode}")

@@ -707,6 +707,16 @@ def test_a_mac_without_ssh_is_told_so_for_a_remote_host(tmp_path) -> None:
     assert "cannot start the agent for 127.0.0.2:" in job.stderr and "'ssh'" in job.stderr, job.stderr
 
 
+@pytest.mark.parametrize("command", [["doctor", "--hosts", "127.0.0.2"], ["cabling", "--hosts", "localhost,127.0.0.2"]])
+def test_doctor_and_cabling_on_a_machine_without_ssh_say_so(tmp_path, command: list[str]) -> None:
+    """Both printed a traceback from deep inside subprocess (FileNotFoundError: 'ssh'), as seen
+    on a Linux machine with no ssh client; launch said what was wrong (the test above)."""
+    job = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", *command], capture_output=True, text=True,
+                         env={**os.environ, "PATH": str(tmp_path)}, timeout=60)
+    assert job.returncode == 1 and "Traceback" not in job.stdout + job.stderr, job
+    assert "cannot run ssh: No such file or directory" in job.stdout + job.stderr, job
+
+
 @pytest.mark.parametrize("shm", ["1", "0"])
 def test_ranks_waiting_for_one_stopped_in_pdb_are_not_a_stall(shm: str) -> None:
     """Rank 0 sits at pdb's prompt while rank 1 waits for it in a barrier (through shared memory,
