@@ -35,7 +35,9 @@ def test_mnist_across_hosts_matches_the_single_host_run(sshd, tmp_path) -> None:
     The default path sums inside each host first, (a+b)+c rather than a+b+c, so a different
     layout changes only the rounding: within 2e-3 after an epoch (max |param| ~0.4). Three
     ranks, not two: two would take the pair exchange instead of the ring."""
-    same = ["--env", "OMP_NUM_THREADS=1"]  # the same kernels everywhere, so results can be compared exactly
+    # the same kernels everywhere, so results can be compared exactly: CPU ones (a GPU's
+    # convolutions are not deterministic), on one thread
+    same = ["--device", "cpu", "--env", "OMP_NUM_THREADS=1"]
     ring = {"MACFLEET_SHM": "0"}
     single = run_launch("--nproc", "3", *same, *MNIST_ARGS, "--train-url", str(tmp_path / "one"), env=ring,
                         timeout=300)
