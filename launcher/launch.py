@@ -29,6 +29,7 @@ from macfleet.netaddr import CABLE_ADVICE, over_wifi, route_source
 from macfleet.launcher.report import failure_report, facts_table, pace_report, stood_by_report, versions_differ
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.protocol import AgentSpec
+from macfleet.workers import module_command
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129, signal.SIGQUIT: 131}
 LAUNCHER = "launcher"  # the writer of our own lines, to the outputs every agent's relay writes to
@@ -102,7 +103,7 @@ def _say(text: str) -> None:
 def start_agent(spec: AgentSpec, host: Host, cfg: LaunchConfig) -> AgentProc:
     """Start the agent for ``host`` and hand it its spec on stdin, which stays open: its EOF
     tells the agent that we (or the ssh connection) died."""
-    command = [spec.python, "-m", "macfleet.workers.agent"]
+    command = module_command(spec.python, "macfleet.workers.agent")
     if host.is_local:
         command[0] = os.path.expanduser(command[0])  # a ~/ path: this Mac's home, as a remote shell does
         proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -245,9 +245,10 @@ def _stacks(frames_per_thread: int = 10, max_bytes: int = 12 << 10) -> str:
 
 
 def _runs_the_script(frame: Any) -> bool:
-    """A frame of what starts the script (runpy, macfleet's bootstrap), not of the script."""
+    """A frame of what starts the script (the ``-c`` line of ``workers.module_command``, runpy,
+    macfleet's bootstrap), not of the script."""
     spec = frame.f_globals.get("__spec__")
-    return frame.f_globals.get("__name__") == "runpy" or frame.f_code.co_filename == "<frozen runpy>" or \
+    return frame.f_globals.get("__name__") == "runpy" or frame.f_code.co_filename in ("<frozen runpy>", "<string>") or \
         getattr(spec, "name", None) == "macfleet.workers.bootstrap"
 
 

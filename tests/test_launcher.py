@@ -391,7 +391,11 @@ def test_a_mistyped_option_is_named_as_an_option_not_a_missing_script() -> None:
 
 def test_a_module_runs_as_python_m_runs_it(tmp_path) -> None:
     """``-m pkg.mod`` as with torchrun and python: the module is found from --cwd and runs as
-    __main__ with the arguments that follow; one that is not there is named in one line."""
+    __main__ with the arguments that follow; one that is not there is named in one line. A
+    folder named ``macfleet`` in --cwd (the root of a checkout of macfleet) is not imported in
+    place of the installed macfleet: every agent and rank died of it."""
+    (tmp_path / "macfleet").mkdir()
+    (tmp_path / "macfleet" / "__init__.py").write_text("raise ImportError('the macfleet folder in --cwd')\n")
     package = tmp_path / "trainer"
     package.mkdir()
     (package / "__init__.py").write_text("")

@@ -36,7 +36,7 @@ from macfleet import netaddr, openfiles, protocol, segments
 from macfleet.control import ControlClient
 from macfleet.lines import WholeLines, ends_line, forward_nowhere, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
-from macfleet.workers import dumps
+from macfleet.workers import dumps, module_command
 from macfleet.workers.awake import keep_awake, let_sleep
 
 TAIL_LINES = 40
@@ -375,7 +375,7 @@ class Agent:
         rank = self.spec.rank_base + local_rank
         error_file = os.path.join(self.tmpdir, f"error-{rank}.json")
         proc = subprocess.Popen(
-            [self.spec.python, "-m", "macfleet.workers.bootstrap", self.spec.script, *self.spec.args],
+            module_command(self.spec.python, "macfleet.workers.bootstrap", self.spec.script, *self.spec.args),
             env=worker_env(self.spec, local_rank, self.data_addrs, self.main_iface, master_addr, master_port,
                            error_file, self.alive_r),
             pass_fds=(self.alive_r,),
@@ -427,7 +427,7 @@ class Agent:
         # job; what matters (it did not start, it died) we report ourselves.
         env = {**os.environ, "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
         self.store = subprocess.Popen(
-            [self.spec.python, "-m", "macfleet.workers.store", str(sock.fileno()), addr, str(port)],
+            module_command(self.spec.python, "macfleet.workers.store", str(sock.fileno()), addr, str(port)),
             pass_fds=(sock.fileno(),), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
             start_new_session=True, env=env,
         )
