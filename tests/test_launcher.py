@@ -383,9 +383,10 @@ def test_a_missing_script_is_a_one_line_error(tmp_path) -> None:
 def test_a_mistyped_option_is_named_as_an_option_not_a_missing_script() -> None:
     """Unknown options pass on to the script, after it; one before it (``--nprocs 2``) was taken
     for the script: "no such file: --nprocs"."""
-    for typed, meant in (("--nprocs", "Did you mean '--nproc'?"), ("--host", "'--hosts'")):
+    for typed, meant in (("--nprocs", "Did you mean --nproc?"), ("--host", "--hosts,")):
         job = run_launch(typed, "2", BEHAVE, "-1", "none")
-        assert job.code == 2 and f"No such option '{typed}'" in job.stderr and meant in job.stderr, job.stderr
+        said = job.stderr.replace("'", "").replace(":", "")  # click 8.1.0: "option: --x", later: "option '--x'"
+        assert job.code == 2 and f"No such option {typed}" in said and meant in said, job.stderr
         assert "no such file" not in job.stderr and "[rank" not in job.stdout, job.output
 
 
