@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 REPO=$(pwd)
-mkdir -p /tmp/run && cd /tmp/run  # not the repo root: its macfleet/ source folder would shadow the install
+mkdir -p /tmp/run && cd /tmp/run  # not the repo root: there `python3 -m macfleet.launcher.cli` (mf) would import its macfleet/ folder
 mf() { python3 -m macfleet.launcher.cli "$@"; }
 bytes_of() { python3 -c "import sys; from macfleet.launcher.bench import parse_size; print(parse_size(sys.argv[1]))" "$1"; }  # 4M -> 4194304
 nproc; lscpu | grep -E "Model name|L3|NUMA node\(s\)"; python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))"

@@ -80,4 +80,5 @@ def _ours_or_stdlib(path: str) -> bool:
 
 def _starts_script(path: str) -> bool:
     """A frame of what starts the script: the ``-c`` line of ``module_command``, runpy, the bootstrap."""
-    return path in ("<frozen runpy>", "<string>") or os.path.basename(path) == "runpy.py" or os.path.abspath(path) == _BOOTSTRAP
+    return path in ("<frozen runpy>", "<string>") or os.path.basename(path) == "runpy.py" or \
+        os.path.abspath(path) == _BOOTSTRAP
