@@ -24,16 +24,19 @@ HIGH_LATENCY_US = 1000.0
 
 # Whether the modules are there, without importing them: importing torch takes a second or two
 # per host, and the probe job right after imports it anyway (a broken torch fails there, named
-# in the job's report). Exits 3 with the missing names on stderr.
-FIND_MODULES = ("import importlib.util, sys; missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]; "
+# in the job's report). Exits 3 with the missing names on stderr. The working directory is left
+# off the path, as the job leaves it (``workers.module_command``): a checkout's macfleet/ is not an install.
+FIND_MODULES = ("import importlib.util, sys; del sys.path[:sys.path[:1] == ['']]; "
+                "missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]; "
                 "sys.stderr.write(' '.join(missing)); sys.exit(3 if missing else 0)")
 
 
-def check_ssh(host: Host, cfg: LaunchConfig) -> str | None:
-    """None if ``host`` runs our Python with macfleet and torch over ssh, else what is wrong."""
-    if host.is_local:
-        return None
-    command = ssh_command(host, cfg.ssh, cfg.cwd, [cfg.python, "-c", FIND_MODULES, "macfleet", "torch"])
+def check_host(host: Host, cfg: LaunchConfig) -> str | None:
+    """None if ``host`` runs our Python with macfleet and torch (over ssh, unless it is this
+    machine: a --python without them is named in the table too), else what is wrong."""
+    command = [cfg.python, "-c", FIND_MODULES, "macfleet", "torch"]
+    if not host.is_local:
+        command = ssh_command(host, cfg.ssh, cfg.cwd, command)
     try:
         out = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                              timeout=cfg.ssh.connect_timeout_s + 60)
@@ -52,7 +55,7 @@ def check_ssh(host: Host, cfg: LaunchConfig) -> str | None:
 
 def run_doctor(cfg: LaunchConfig) -> int:
     with ThreadPoolExecutor(len(cfg.hosts)) as pool:
-        reach = list(pool.map(lambda h: check_ssh(h, cfg), cfg.hosts))
+        reach = list(pool.map(lambda h: check_host(h, cfg), cfg.hosts))
     if any(reach):
         rows = [[h.ssh_target, err or "ok"] for h, err in zip(cfg.hosts, reach, strict=True)]
         print(_table(["host", "ssh"], rows))

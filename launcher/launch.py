@@ -29,7 +29,7 @@ from macfleet.netaddr import CABLE_ADVICE, over_wifi, route_source
 from macfleet.launcher.report import failure_report, facts_table, pace_report, stood_by_report, versions_differ
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.protocol import AgentSpec
-from macfleet.workers import module_command
+from macfleet.workers import NOT_INSTALLED, module_command
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129, signal.SIGQUIT: 131}
 LAUNCHER = "launcher"  # the writer of our own lines, to the outputs every agent's relay writes to
@@ -348,6 +348,8 @@ def _agent_lost(agent: AgentProc, reached: bool, waited_s: float) -> str:
     said = next((line for line in reversed(agent.tail) if line.strip()), "")  # a remote one's last words
     if said.startswith("macfleet agent"):
         return said  # it refused, and said why
+    if said.startswith(NOT_INSTALLED):
+        return f"{said} on {agent.host.name}: install it there, or give --python the Python that has it"
     if code < 0:  # killed by a signal: the agent itself, or the ssh process that runs a remote one
         what = "the agent on" if agent.host.is_local else "the ssh connection to"
         return f"{what} {agent.host.name} was killed by {_signal_name(-code)}"

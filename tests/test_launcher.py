@@ -434,6 +434,22 @@ def test_the_terminal_shows_only_rank_lines_and_macfleets_own() -> None:
     assert not stray, job.stderr
 
 
+def test_a_python_without_macfleet_is_named_with_its_fix(tmp_path) -> None:
+    """--python (or the same path on another Mac) that is a Python without macfleet installed:
+    the user saw the agent's traceback and "exited unexpectedly: ModuleNotFoundError"."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=60)
+    python = str(tmp_path / "bare" / "bin" / "python")
+    job = run_launch("--nproc", "1", "--python", python, BEHAVE, "-1", "none", timeout=60)
+    root = job.stderr[job.stderr.index("root cause"):]
+    assert job.code == 1 and f"macfleet is not installed for {python} on localhost: install it there" in root, root
+    assert "Traceback" not in job.stderr and "[rank" not in job.stdout, job.output
+    # doctor names it in its table, as it does for a remote host's, before any job starts
+    doctor = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--python", python],
+                            capture_output=True, text=True, timeout=60)
+    assert doctor.returncode == 1 and f"localhost  {python} there has no macfleet and no torch" in doctor.stdout, \
+        doctor.stdout + doctor.stderr
+
+
 def test_bad_flags_are_usage_errors() -> None:
     for args in (["--nproc", "0", BEHAVE], ["--hosts", "a:x", BEHAVE], ["--device", "tpu", BEHAVE],
                  ["--memory-fraction", "1.5", BEHAVE], ["--python", "/no/python", BEHAVE],

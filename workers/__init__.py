@@ -3,6 +3,8 @@ bootstrap every training process starts through."""
 
 from __future__ import annotations
 
+NOT_INSTALLED = "macfleet is not installed for "  # then the Python's path
+
 
 def module_command(python: str, module: str, *args: str) -> list[str]:
     """The command that runs ``python -m module args``, but for one thing: the working directory
@@ -12,7 +14,10 @@ def module_command(python: str, module: str, *args: str) -> list[str]:
     imported in place of the installed package, and every agent and rank died with "No module
     named 'macfleet.workers'". The module then runs as under ``-m``: as ``__main__``, the working
     directory first on ``sys.path``, its own file as ``sys.argv[0]``. (Under ``-I`` or
-    ``PYTHONSAFEPATH`` Python adds no working directory, and neither does this.)"""
-    code = ("import os, runpy, sys; cwd = sys.path[:1] == ['']; del sys.path[:cwd]; import macfleet.workers; "
-            f"sys.path[:0] = [os.getcwd()] * cwd; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    ``PYTHONSAFEPATH`` Python adds no working directory, and neither does this.) A Python without
+    macfleet says so in one line (``NOT_INSTALLED``), not in a traceback."""
+    code = ("import importlib.util, os, runpy, sys; cwd = sys.path[:1] == ['']; del sys.path[:cwd]; "
+            f"importlib.util.find_spec('macfleet') or sys.exit({NOT_INSTALLED!r} + sys.executable); "
+            "import macfleet.workers; sys.path[:0] = [os.getcwd()] * cwd; "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
     return [python, "-c", code, *args]
