@@ -27,6 +27,7 @@ training forward after such a change lays the buckets out again (``_lay_out``).
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -639,7 +640,6 @@ def _exchange(bucket: Bucket, staged: torch.Tensor, compression: str) -> None:
 
 # torch 2.3 and later (Dynamo folds this call while it traces); None before
 _is_compiling: Callable[[], bool] | None = getattr(torch.compiler, "is_compiling", None)
-_left_out = False  # whether ``leave_out_of_graphs`` has run
 
 
 def _tensors(output: Any) -> Iterator[torch.Tensor]:
@@ -670,21 +670,20 @@ def eagerly(fn: Callable[..., T]) -> Callable[..., T]:
     return torch.compiler.disable(fn) if _is_compiling() else fn
 
 
+@functools.cache  # once per process
 def leave_out_of_graphs() -> None:
     """torch 2.1 and 2.2 cannot say whether Dynamo is tracing, so ``eagerly`` cannot ask, and
     the bookkeeping, traced, made ``torch.compile(DataParallel(net))`` compile again at every
     step (steps 15x slower on torch 2.1). There the methods that ``eagerly`` wraps are left out
     of every graph for good, when the first DataParallel is made: that imports torch._dynamo
     (0.3 s on torch 2.1), and each call of them costs a few microseconds more."""
-    global _left_out
-    if _is_compiling is not None or _left_out:
+    if _is_compiling is not None:
         return
     from macfleet.sync_batch_norm import SyncBatchNorm  # it imports this module
 
     for cls, name in ((DataParallel, "_before_training_forward"), (DataParallel, "_watch_outputs"),
                       (SyncBatchNorm, "_synced")):
         setattr(cls, name, torch.compiler.disable(getattr(cls, name)))
-    _left_out = True
 
 
 def _share_batch_statistics(module: nn.Module) -> None:
