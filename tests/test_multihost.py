@@ -481,6 +481,16 @@ def test_doctor_prints_a_table_with_every_link(sshd) -> None:
                                                  lacking.stdout), lacking.stdout + lacking.stderr
 
 
+def test_a_remote_python_without_macfleet_is_named(sshd, tmp_path) -> None:
+    """The agent's own one line, through ssh and the remote shell's quoting of its command."""
+    subprocess.run([os.sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=60)
+    python = str(tmp_path / "bare" / "bin" / "python")
+    job = run_launch("--hosts", "127.0.0.2:1", *sshd.launch_options(), "--python", python, BEHAVE, "-1", "none",
+                     timeout=60)
+    root = job.stderr[job.stderr.index("root cause"):]
+    assert job.code == 1 and f"macfleet is not installed for {python} on 127.0.0.2: install it there" in root, root
+
+
 def test_doctor_names_the_interface_each_host_trains_over(netns_hosts) -> None:
     hosts, server = netns_hosts
     out = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hosts",
