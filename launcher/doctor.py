@@ -17,6 +17,7 @@ from macfleet.launcher.launch import LaunchConfig, run_job
 from macfleet.launcher.remote import ssh_command
 from macfleet.launcher.report import VERSION_KEYS
 from macfleet.netaddr import CABLE_ADVICE, over_wifi
+from macfleet.workers import WITHOUT_CWD
 
 SLOW_GBIT_S = 2.0      # below this a link is probably Wi-Fi or a congested LAN
 HIGH_LATENCY_US = 1000.0
@@ -25,8 +26,8 @@ HIGH_LATENCY_US = 1000.0
 # Whether the modules are there, without importing them: importing torch takes a second or two
 # per host, and the probe job right after imports it anyway (a broken torch fails there, named
 # in the job's report). Exits 3 with the missing names on stderr. The working directory is left
-# off the path, as the job leaves it (``workers.module_command``): a checkout's macfleet/ is not an install.
-FIND_MODULES = ("import importlib.util, sys; del sys.path[:sys.path[:1] == ['']]; "
+# off the path, as the job leaves it: a checkout's macfleet/ is not an install.
+FIND_MODULES = (f"{WITHOUT_CWD}; import importlib.util; "
                 "missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]; "
                 "sys.stderr.write(' '.join(missing)); sys.exit(3 if missing else 0)")
 

@@ -34,6 +34,7 @@ from macfleet.errors import ConfigError, MacfleetError, ProtocolError, Rendezvou
 from macfleet.history import History
 from macfleet.shm import LocalGroup, default_slot_bytes
 from macfleet.transport import Liveness, Ring
+from macfleet.workers.dumps import starts_script
 
 DEFAULT_TIMEOUT_S = 600.0  # MACFLEET_TIMEOUT
 MAX_FRAME_BYTES = 8 << 20  # the largest chunk a peer may send (MAXMSGSIZE on data sockets)
@@ -236,20 +237,12 @@ def _stacks(frames_per_thread: int = 10, max_bytes: int = 12 << 10) -> str:
             chain.append(frame)
             frame = frame.f_back
         chain.reverse()  # outermost first
-        while len(chain) > 1 and _runs_the_script(chain[0]):
+        while len(chain) > 1 and starts_script(chain[0].f_code.co_filename):
             chain.pop(0)
         summary = traceback.StackSummary.extract((f, f.f_lineno) for f in chain[-frames_per_thread:])
         parts.append(f"thread {thread.name} (most recent call last):\n" + "".join(summary.format()).rstrip())
     text = "\n".join(parts).encode()
     return text.decode() if len(text) <= max_bytes else text[:max_bytes].decode(errors="ignore") + "\n..."
-
-
-def _runs_the_script(frame: Any) -> bool:
-    """A frame of what starts the script (the ``-c`` line of ``workers.module_command``, runpy,
-    macfleet's bootstrap), not of the script."""
-    spec = frame.f_globals.get("__spec__")
-    return frame.f_globals.get("__name__") == "runpy" or frame.f_code.co_filename in ("<frozen runpy>", "<string>") or \
-        getattr(spec, "name", None) == "macfleet.workers.bootstrap"
 
 
 def _in_debugger() -> bool:

@@ -140,6 +140,12 @@ def kill_group(pid: int) -> None:
         pass
 
 
+def bare_python(directory: Path) -> str:
+    """The interpreter of a new venv in ``directory`` that has nothing installed: no macfleet."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(directory / "bare")], check=True, timeout=60)
+    return str(directory / "bare" / "bin" / "python")
+
+
 def job_processes(everyone: bool = False) -> list[str]:
     """Processes of this worker's macfleet jobs (agents and ranks); ``everyone``: of any job."""
     out = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout

@@ -16,7 +16,8 @@ import termios
 import time
 
 import pytest
-from conftest import BIN, job_processes, kill_group, launch_command, run_launch, start_launch, wait_for_no_job_processes
+from conftest import (BIN, bare_python, job_processes, kill_group, launch_command, run_launch, start_launch,
+                      wait_for_no_job_processes)
 from test_faults import behave_line
 
 BEHAVE = str(BIN / "behave.py")
@@ -437,8 +438,7 @@ def test_the_terminal_shows_only_rank_lines_and_macfleets_own() -> None:
 def test_a_python_without_macfleet_is_named_with_its_fix(tmp_path) -> None:
     """--python (or the same path on another Mac) that is a Python without macfleet installed:
     the user saw the agent's traceback and "exited unexpectedly: ModuleNotFoundError"."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=60)
-    python = str(tmp_path / "bare" / "bin" / "python")
+    python = bare_python(tmp_path)
     job = run_launch("--nproc", "1", "--python", python, BEHAVE, "-1", "none", timeout=60)
     root = job.stderr[job.stderr.index("root cause"):]
     assert job.code == 1 and f"macfleet is not installed for {python} on localhost: install it there" in root, root

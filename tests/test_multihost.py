@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (BIN, MNIST, Job, job_processes, kill_group, launch_command, run_launch, start_launch,
+from conftest import (BIN, MNIST, bare_python, Job, job_processes, kill_group, launch_command, run_launch, start_launch,
                       wait_for_no_job_processes)
 from test_collectives import run_cases
 from test_faults import RunningJob, behave_line
@@ -483,8 +483,7 @@ def test_doctor_prints_a_table_with_every_link(sshd) -> None:
 
 def test_a_remote_python_without_macfleet_is_named(sshd, tmp_path) -> None:
     """The agent's own one line, through ssh and the remote shell's quoting of its command."""
-    subprocess.run([os.sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=60)
-    python = str(tmp_path / "bare" / "bin" / "python")
+    python = bare_python(tmp_path)
     job = run_launch("--hosts", "127.0.0.2:1", *sshd.launch_options(), "--python", python, BEHAVE, "-1", "none",
                      timeout=60)
     root = job.stderr[job.stderr.index("root cause"):]

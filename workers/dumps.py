@@ -52,8 +52,8 @@ def tidy(dump: str, frames_per_thread: int = 10) -> str:
         frames = [m for m in (_FRAME.match(line) for line in block.splitlines()[1:])
                   if m and not m["path"].startswith("<frozen importlib")]  # an import's machinery: noise
         frames.reverse()  # outermost first
-        main = any(_starts_script(f["path"]) for f in frames)
-        while frames and _starts_script(frames[0]["path"]):
+        main = any(starts_script(f["path"]) for f in frames)
+        while frames and starts_script(frames[0]["path"]):
             frames.pop(0)
         while frames and os.path.basename(frames[0]["path"]) == "threading.py":
             frames.pop(0)  # what starts any thread; the thread's own function comes next
@@ -78,7 +78,8 @@ def _ours_or_stdlib(path: str) -> bool:
                                          and "dist-packages" not in path)
 
 
-def _starts_script(path: str) -> bool:
-    """A frame of what starts the script: the ``-c`` line of ``module_command``, runpy, the bootstrap."""
+def starts_script(path: str) -> bool:
+    """Whether a frame in file ``path`` is of what starts the script (the ``-c`` line of
+    ``module_command``, runpy, the bootstrap), not of the script: stack reports leave them out."""
     return path in ("<frozen runpy>", "<string>") or os.path.basename(path) == "runpy.py" or \
         os.path.abspath(path) == _BOOTSTRAP
