@@ -11,7 +11,8 @@ through the slots too: one barrier a round, where a ring over sockets takes a ho
 The barrier is a row of counters at the head of the segment, one cache line per rank: a rank
 arrives by writing its barrier count and waits until every count has reached it. A socket
 round trip costs tens of microseconds per barrier (measured: 250 us a round on 16 cores),
-which made slots small enough to stay in cache slower than the memory traffic they save.
+which made slots small enough to stay in cache slower than the memory traffic they save. A
+rank that has waited a while sleeps until a rank arrives and rings it (``macfleet.doorbells``).
 
 The segment is a file in the agent's per-job directory, under /dev/shm, or on macOS a POSIX
 shared-memory object (``macfleet.segments``). The host's first rank creates it; once every local
@@ -30,21 +31,25 @@ from dataclasses import dataclass
 
 import torch
 
+from macfleet.doorbells import Doorbells
 from macfleet.errors import CollectiveTimeout, ConfigError, ProtocolError
 from macfleet.segments import PREFIX, Segments
 from macfleet.transport import Liveness
 
 ALIGN = 64
 PAGE = 4096
-SPIN_S = 0.002  # wait this long yielding only the GIL, then sleep between looks (a rank far behind)
-PAUSE_S = 0.0002
-CHECK_S = 0.1  # how often a wait looks at the abort flag and the deadline
+SPIN_S = 0.002  # wait this long yielding only the GIL, then sleep until rung (a rank far behind)
+CHECK_S = 0.1  # how often a wait looks at the abort flag and the deadline (a sleep wakes for it)
 DIRECT_BYTES = 1 << 20  # above this a rank's own share skips its slot and rows are added one call each
 
 # A rank's control line: its barrier count; what it brings to the all-reduce in progress (the
 # shared tensor's key, 0 for none, and its length), read by the others after a barrier; and the
-# collective it is in (``announce``): a version, odd while being written, then the collective.
-COUNT, KEY, NUMEL, VERSION, OP, WHAT, ELEMENTS = 0, 1, 2, 3, 4, 5, 6
+# collective it is in (``announce``): a version, odd while being written, then the collective;
+# and whether it sleeps (``ASLEEP``, non-zero while it does). A sleeper writes ASLEEP, then reads
+# the counts; an arriving rank writes its count, then reads ASLEEP, with a fence between each
+# write and read. So of any sleeper and any arriving rank, one sees the other's write: the
+# sleeper sees the count and does not sleep, or the arriving rank sees ASLEEP and rings it.
+COUNT, KEY, NUMEL, VERSION, OP, WHAT, ELEMENTS, ASLEEP = 0, 1, 2, 3, 4, 5, 6, 7
 LINE = ALIGN // 8  # words of one control line
 
 _ordering = threading.Lock()
@@ -140,6 +145,7 @@ class LocalGroup:
         else:
             fd = -1
         self._fd = fd
+        self._bells = Doorbells(directory, self.name, size, index)
         self._mmap: mmap.mmap | None = None
         self._counters: memoryview | None = None
         self.raw: torch.Tensor | None = None
@@ -149,7 +155,9 @@ class LocalGroup:
         self._mmap = _map(self._fd if self._fd >= 0 else self.segments.open(self.name), self._total)
         self._counters = memoryview(self._mmap)[:self._control].cast("q")
         self.raw = torch.frombuffer(self._mmap, dtype=torch.uint8, offset=self._control)
+        self._bells.open()
         self.barrier()
+        self._bells.unlink()  # every rank has opened every FIFO
         if self.index == 0:  # everyone has it mapped: from now on only the mappings keep it alive
             self.segments.unlink(self.name)
 
@@ -160,6 +168,10 @@ class LocalGroup:
         gen, counters, stride = self._generation, self._counters, LINE
         _fence()  # what we wrote before, then the counter
         counters[self.index * stride + COUNT] = gen
+        _fence()  # the counter, then who sleeps (see ASLEEP)
+        for i in range(self.size):
+            if counters[i * stride + ASLEEP]:
+                self._bells.ring(i)
         started = time.monotonic()
         next_check, deadline = started + CHECK_S, started + self.timeout_s
         while any(counters[i * stride + COUNT] < gen for i in range(self.size)):
@@ -167,7 +179,7 @@ class LocalGroup:
             if now - started < SPIN_S:
                 os.sched_yield()  # and the GIL: other threads (autograd hooks) may run between looks
             else:
-                time.sleep(PAUSE_S)
+                self._doze(gen, next_check - now)
             if now >= next_check:
                 next_check = now + CHECK_S
                 self.liveness.check()
@@ -184,6 +196,16 @@ class LocalGroup:
         if self._unchecked:
             self._unchecked = False
             self._check_agreement()
+
+    def _doze(self, gen: int, timeout_s: float) -> None:
+        """Sleep until a rank arrives at barrier ``gen`` and rings, unless every rank has."""
+        assert self._counters is not None
+        counters, mine = self._counters, self.index * LINE + ASLEEP
+        counters[mine] = gen
+        _fence()  # that we sleep, then the counts (see ASLEEP)
+        if any(counters[i * LINE + COUNT] < gen for i in range(self.size)):
+            self._bells.sleep(max(0.0, timeout_s))
+        counters[mine] = 0
 
     # -- agreement ----------------------------------------------------------------------------
     def announce(self, signature: Signature) -> None:
@@ -479,6 +501,7 @@ class LocalGroup:
                 self._mmap.close()
             except BufferError:
                 pass  # a tensor view is still alive; the mapping goes with the process
+        self._bells.close()
         if self.index == 0:
             self.segments.unlink(self.name)  # closed before every rank had mapped it
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from macfleet import segments
+from macfleet import segments, shm
 from macfleet.errors import CollectiveTimeout, ConfigError, JobAborted, ProtocolError
 from macfleet.segments import Segments
 from macfleet.shm import DIRECT_BYTES, LocalGroup, Signature
@@ -100,6 +100,26 @@ def test_an_abort_ends_a_barrier_wait(tmp_path) -> None:
         with pytest.raises(JobAborted, match="rank 1 exited"):
             groups[0].barrier()  # rank 1 never comes: the abort, not the 60 s deadline, ends the wait
         assert time.monotonic() - started < 5
+    finally:
+        close_all(groups)
+
+
+def test_a_sleeping_rank_is_rung_awake_by_the_rank_that_arrives(tmp_path, monkeypatch) -> None:
+    """A rank that waits long sleeps on its doorbell, and the last rank to arrive rings it: with
+    the sleep's own limit at 60 s, only the ring can end rank 0's wait within the test's 20."""
+    monkeypatch.setattr(shm, "CHECK_S", 60.0)
+    groups = make_groups(tmp_path, 3, timeout_s=120)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            waits = [pool.submit(groups[i].barrier) for i in (0, 1)]
+            deadline = time.monotonic() + 20
+            while not all(groups[2]._counters[i * shm.LINE + shm.ASLEEP] for i in (0, 1)):  # both asleep
+                assert time.monotonic() < deadline and not any(w.done() for w in waits)
+                time.sleep(0.01)
+            groups[2].barrier()
+            for wait in waits:
+                wait.result(timeout=20)
+        assert [g._counters[i * shm.LINE + shm.ASLEEP] for g in groups for i in range(3)] == [0] * 9
     finally:
         close_all(groups)
 
