@@ -146,6 +146,7 @@ class LocalGroup:
             fd = -1
         self._fd = fd
         self._bells = Doorbells(directory, self.name, size, index)
+        self._asleep = [(i, i * LINE + ASLEEP) for i in range(size)]  # each rank's ASLEEP word
         self._mmap: mmap.mmap | None = None
         self._counters: memoryview | None = None
         self.raw: torch.Tensor | None = None
@@ -169,8 +170,8 @@ class LocalGroup:
         _fence()  # what we wrote before, then the counter
         counters[self.index * stride + COUNT] = gen
         _fence()  # the counter, then who sleeps (see ASLEEP)
-        for i in range(self.size):
-            if counters[i * stride + ASLEEP]:
+        for i, word in self._asleep:
+            if counters[word]:
                 self._bells.ring(i)
         started = time.monotonic()
         next_check, deadline = started + CHECK_S, started + self.timeout_s
