@@ -16,6 +16,7 @@ import termios
 import time
 
 import pytest
+from macfleet import openfiles
 from conftest import (BIN, bare_python, job_processes, kill_group, launch_command, run_launch, start_launch,
                       wait_for_no_job_processes)
 from test_faults import behave_line
@@ -343,13 +344,22 @@ def test_the_job_directory_goes_where_macfleet_scratch_dir_says_and_is_removed(t
         job.stderr
 
 
-def test_a_limit_on_open_files_is_raised_for_the_ranks_or_named_before_they_start() -> None:
+def test_a_limit_on_open_files_is_raised_for_the_ranks_or_named_before_they_start(tmp_path) -> None:
     """A Mac's shell allows 256 open files, and an agent holds about seven for each of its
     ranks: past the limit it failed to start the next rank with a traceback (EMFILE). Under a
-    hard limit that allows it the soft limit is raised; under one that does not, the agent or
-    the launcher refuses the job before any rank starts, with the numbers."""
+    hard limit that allows it the soft limit is raised, for the ranks too (which inherit it: a
+    rank on a CUDA machine holds about 55 before its script opens any, and failed at the 56 the
+    agent raised it to for itself); under one that does not, the agent or the launcher refuses
+    the job before any rank starts, with the numbers."""
     job = run_launch("--nproc", "4", BEHAVE, "-1", "none", prefix=[*UNDER_LIMIT, "32", "4096"], timeout=60)
     assert job.code == 0 and job.stdout.count("finished") == 4, job.output
+    script = tmp_path / "limit.py"
+    script.write_text("import resource, macfleet\nmacfleet.init()\n"
+                      "print('soft limit', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
+    job = run_launch("--nproc", "2", str(script), prefix=[*UNDER_LIMIT, "32", "4096"], timeout=60)
+    assert job.code == 0 and job.stdout.count(f"soft limit {openfiles.RANKS_SOFT}") == 2, job.output
+    job = run_launch("--nproc", "2", str(script), prefix=[*UNDER_LIMIT, "32", "100"], timeout=60)
+    assert job.code == 0 and job.stdout.count("soft limit 100") == 2, job.output  # as far as the hard limit allows
     job = run_launch("--nproc", "4", BEHAVE, "-1", "none", prefix=[*UNDER_LIMIT, "40", "40"], timeout=60)
     assert job.code != 0 and "ready" not in job.stdout, job.output
     root = job.stderr[job.stderr.index("root cause"):]

@@ -146,7 +146,7 @@ def data_addresses(spec: AgentSpec, networks: list[netaddr.Network]) -> list[str
 def check_open_files(spec: AgentSpec) -> None:
     """Raises ``ValueError`` where this host's ranks need more open files than this user may have
     (the soft limit is raised to what they need where it is lower)."""
-    refused = openfiles.refusal("it", spec.slots, openfiles.agent_needs(spec.slots))
+    refused = openfiles.refusal("it", spec.slots, openfiles.agent_needs(spec.slots), openfiles.RANKS_SOFT)
     if refused is not None:
         raise ValueError(refused)
 
