@@ -22,6 +22,7 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
         error = root.exit.error
         if error and error.get("traceback"):
             lines += ["  " + line for line in str(error["traceback"]).rstrip().splitlines()]
+            lines += _missing_module_hint(error, root.exit.host)
         elif any(line.strip() for line in root.exit.tail):
             lines.append("  no error file; last lines of its stderr:")
             lines += ["  " + line for entry in root.exit.tail for line in entry.splitlines()]
@@ -45,6 +46,19 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
         lines += _join_hint(exits)
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+def _missing_module_hint(error: dict, host: str) -> list[str]:
+    """A package the script imports that is missing where the rank ran: on a fleet of Macs, most
+    often one Mac that lacks what the others have (torch itself, where --python names another
+    Python), or a module of the script's own that is not in that Mac's copy of its folder."""
+    module = str(error.get("module") or "")
+    if error.get("type") != "ModuleNotFoundError" or not module or "." in module:
+        return []  # a missing submodule of a package that is there is another story
+    python = error.get("executable") or "the ranks' Python"
+    return [f"  {module} is not installed for {python} on {host}: install it there (every host needs the script's "
+            f"packages; a module of the script's own must be in its folder there too), or give --python the Python "
+            f"that has it (macfleet doctor checks torch and macfleet on every host)"]
 
 
 def _about_collectives(root: Failure) -> bool:

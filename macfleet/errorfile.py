@@ -21,7 +21,10 @@ def write(path: str, exc: BaseException) -> None:
         "time": time.time(),
         "pid": os.getpid(),
         "collectives": "\n".join(_recent_collectives()),
+        "executable": sys.executable,
     }
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        record["module"] = exc.name  # for the report's hint: a package one host lacks
     tmp = f"{path}.{os.getpid()}.tmp"  # a rank's subprocesses may write it too (macfleet.init refusing them)
     with open(tmp, "w") as f:
         json.dump(record, f)

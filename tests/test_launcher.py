@@ -420,6 +420,7 @@ def test_a_module_runs_as_python_m_runs_it(tmp_path) -> None:
     missing = run_launch("--nproc", "2", "--cwd", str(tmp_path), "-m", "trainer.nope", timeout=60)
     root = missing.stderr[missing.stderr.index("root cause"):]
     assert missing.code == 1 and "No module named 'trainer.nope'" in root and "bootstrap" not in root, root
+    assert "is not installed" not in root, root  # trainer is there: no package to install
     bad = run_launch("--nproc", "1", "-m", "not/a/module")
     assert bad.code == 2 and "is not a module name" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -445,9 +446,23 @@ def test_the_terminal_shows_only_rank_lines_and_macfleets_own() -> None:
     assert not stray, job.stderr
 
 
+def test_a_package_the_script_lacks_is_named_with_the_python_and_host(tmp_path) -> None:
+    """A script that imports a package one Mac lacks: after the traceback, which package, for
+    which Python, on which host, and what to do."""
+    script = tmp_path / "train.py"
+    script.write_text("import macfleet\nimport a_package_no_host_has\n")
+    job = run_launch("--nproc", "2", str(script), timeout=60)
+    root = job.stderr[job.stderr.index("root cause"):]
+    python = re.search(r"a_package_no_host_has is not installed for (\S+) on localhost: install it there", root)
+    assert job.code == 1 and python, root
+    assert os.path.samefile(python.group(1), sys.executable), root  # the ranks' Python: --python's default
+
+
 def test_a_python_without_macfleet_is_named_with_its_fix(tmp_path) -> None:
     """--python (or the same path on another Mac) that is a Python without macfleet installed:
     the user saw the agent's traceback and "exited unexpectedly: ModuleNotFoundError"."""
+    if os.environ.get("PYTHONPATH"):
+        pytest.skip("PYTHONPATH hands every Python here macfleet (the device machine's install)")
     python = bare_python(tmp_path)
     job = run_launch("--nproc", "1", "--python", python, BEHAVE, "-1", "none", timeout=60)
     root = job.stderr[job.stderr.index("root cause"):]
