@@ -1,4 +1,4 @@
-import sys, time, statistics, random
+import time, statistics, random
 import macfleet
 from macfleet import runtime as rt
 macfleet.init()
