@@ -301,7 +301,7 @@ class Collectives:
             self.local.all_reduce(flat, work, "sum" if op == "avg" else op, divide_by)
         else:
             work.copy_(flat)
-        steps = [] if self.local is None else ["shared memory, in place" if self.local.in_place else "shared memory"]
+        steps = [] if self.local is None else [", ".join(filter(None, ["shared memory", self.local.path]))]
         if self.leaders is not None:
             self._reduce_on(self.leaders, op_id, work, raw, reducer, meta, wire)
             steps.append("hosts " + self.last_algorithm)

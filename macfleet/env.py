@@ -53,7 +53,9 @@ Tuning knobs a user may set (forwarded to every host): ``MACFLEET_STREAMS`` (soc
 ring direction), ``MACFLEET_CHUNK_BYTES`` (pipeline chunk), ``MACFLEET_SMALL_BYTES`` (below
 this an all-reduce on a ring takes the one-pass latency path; one host's ranks use shared
 memory for every size), ``MACFLEET_SHM=0`` (no shared memory),
-``MACFLEET_SHM_SLOT_BYTES`` (shared-memory slot per rank), ``MACFLEET_SHM_OBJECTS`` (``1``:
+``MACFLEET_SHM_SLOT_BYTES`` (shared-memory slot per rank), ``MACFLEET_SHM_GATHER_BYTES`` (where a
+host's ranks' tensors come to at most this much together, every rank reduces all of them itself,
+after one barrier), ``MACFLEET_SHM_OBJECTS`` (``1``:
 segments are POSIX shared-memory objects, the default on macOS; ``0``: files in the agent's
 directory), ``MACFLEET_INLINE_BYTES`` (up to this size a collective's host arithmetic runs on
 its own thread, not on torch's OpenMP team; a

@@ -32,7 +32,7 @@ from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
 from macfleet.errors import ConfigError, MacfleetError, ProtocolError, RendezvousError
 from macfleet.history import History
-from macfleet.shm import LocalGroup, default_slot_bytes
+from macfleet.shm import GATHER_BYTES, LocalGroup, default_slot_bytes
 from macfleet.transport import Liveness, Ring
 from macfleet.workers.dumps import starts_script
 
@@ -128,7 +128,8 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
             local = LocalGroup(shm_dir or "", env.job_id, env.rank - env.local_rank, env.local_world_size,
                                env.local_rank, knobs.nbytes("MACFLEET_SHM_SLOT_BYTES",
                                                           default_slot_bytes(env.local_world_size)),
-                               liveness, timeout_s, objects=segments.use_objects())
+                               liveness, timeout_s, objects=segments.use_objects(),
+                               gather_bytes=knobs.nbytes("MACFLEET_SHM_GATHER_BYTES", GATHER_BYTES))
         if shared_memory and multi_host and env.local_rank == 0:
             leaders = Ring(data_ctx, env.rank, list(env.data_addrs), streams, MAX_FRAME_BYTES, env.secret, env.job_id,
                            liveness, timeout_s, name="h")

@@ -76,7 +76,7 @@ PATHS = {
     "w2-tcp": (2, TCP),  # a pair: each adds the other's tensor into its own (one pass up to 4 MiB)
     # segments as POSIX shared-memory objects, as on macOS (macfleet.segments)
     "w3-shm-tiny-slots": (3, {"MACFLEET_SHM_SLOT_BYTES": "4096", "MACFLEET_SMALL_BYTES": "256",
-                              "MACFLEET_SHM_OBJECTS": "1"}),
+                              "MACFLEET_SHM_GATHER_BYTES": "64", "MACFLEET_SHM_OBJECTS": "1"}),
     "w3-tcp-tiny-chunks-2-streams": (3, {**TCP, "MACFLEET_CHUNK_BYTES": "4096", "MACFLEET_SMALL_BYTES": "256",
                                          "MACFLEET_STREAMS": "2"}),
     "w4-tcp-tiny-chunks": (4, {**TCP, "MACFLEET_CHUNK_BYTES": "1000", "MACFLEET_SMALL_BYTES": "64"}),

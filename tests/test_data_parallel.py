@@ -46,8 +46,9 @@ def reference(case: str) -> dict[str, torch.Tensor]:
 JOBS = {
     # compression casts what crosses the network; ranks of one host share float32 memory
     "ring": ({"MACFLEET_SHM": "0"}, ["fp16", "bf16"]),
-    # buckets in POSIX shared-memory objects, as on macOS
-    "shm-objects": ({"MACFLEET_SHM_OBJECTS": "1"}, ["buckets", "fine-tune"]),
+    # buckets in POSIX shared-memory objects, as on macOS, reduced where they are (small ones
+    # otherwise take the one-barrier path through the slots, as in the default job)
+    "shm-objects": ({"MACFLEET_SHM_OBJECTS": "1", "MACFLEET_SHM_GATHER_BYTES": "1"}, ["buckets", "fine-tune"]),
     "default": ({}, ["single", "order", "no_sync", "unused-allowed", "zero-in-place", "two-models",
                      "two-models-one-bucket", "sparse", "shares", "rewrap", "compiled", "sync-bn", "checkpoint",
                      "input-gradient", "two-forwards", "in-backward", "buffers", "validate-alone"]),

@@ -295,7 +295,7 @@ def test_bench_allreduce_refuses_what_it_cannot_measure() -> None:
         assert "Traceback" not in proc.stderr
 
 
-def test_bench_allreduce_reduces_shared_tensors_in_place(tmp_path) -> None:
+def test_bench_allreduce_reduces_shared_tensors_in_place_and_small_ones_after_one_barrier(tmp_path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "bench", "allreduce", "--nproc", "3", "--sizes",
                            "4K,1M", "--budget", "0.05", "--shared-tensors", "--json", str(out)],
@@ -303,7 +303,7 @@ def test_bench_allreduce_reduces_shared_tensors_in_place(tmp_path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr  # every result was checked against the exact sum
     rows = json.loads(out.read_text())["rows"]
     assert {(r["bytes"], r["algorithm"]) for r in rows if r["library"] == "macfleet"} == {
-        (4096, "shared memory, in place"), (1 << 20, "shared memory, in place")}
+        (4096, "shared memory, one barrier"), (1 << 20, "shared memory, in place")}
     assert "tensors in shared memory" in proc.stdout
 
 

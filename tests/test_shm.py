@@ -18,15 +18,16 @@ import torch
 from macfleet import segments, shm
 from macfleet.errors import CollectiveTimeout, ConfigError, JobAborted, ProtocolError
 from macfleet.segments import Segments
-from macfleet.shm import DIRECT_BYTES, LocalGroup, Signature
+from macfleet.shm import DIRECT_BYTES, GATHER_BYTES, LocalGroup, Signature
 from macfleet.transport import Liveness
 
 
 def make_groups(tmp_path, size: int, slot_bytes: int = 4096, timeout_s: float = 10.0,
-                direct_bytes: int = DIRECT_BYTES, objects: bool = False) -> list[LocalGroup]:
+                direct_bytes: int = DIRECT_BYTES, objects: bool = False,
+                gather_bytes: int = GATHER_BYTES) -> list[LocalGroup]:
     liveness = Liveness()
-    groups = [LocalGroup(str(tmp_path), "job", 0, size, i, slot_bytes, liveness, timeout_s, direct_bytes, objects)
-              for i in range(size)]
+    groups = [LocalGroup(str(tmp_path), "job", 0, size, i, slot_bytes, liveness, timeout_s, direct_bytes, objects,
+                         gather_bytes) for i in range(size)]
     with ThreadPoolExecutor(size) as pool:
         list(pool.map(LocalGroup.attach, groups))  # attach ends with a barrier: all must map the segment
     return groups
@@ -38,13 +39,17 @@ def close_all(groups: list[LocalGroup]) -> None:
 
 
 @pytest.mark.parametrize("size", [2, 3, 5])
-@pytest.mark.parametrize("direct_bytes", [0, DIRECT_BYTES], ids=["own-share-from-src", "all-through-slots"])
-def test_ranks_reduce_exactly_over_many_pipelined_rounds(tmp_path, size: int, direct_bytes: int) -> None:
+@pytest.mark.parametrize("direct_bytes, gather_bytes", [(0, 0), (DIRECT_BYTES, 0), (DIRECT_BYTES, 1 << 20)],
+                         ids=["own-share-from-src", "all-through-slots", "every-rank-reduces-all"])
+def test_ranks_reduce_exactly_over_many_pipelined_rounds(tmp_path, size: int, direct_bytes: int,
+                                                         gather_bytes: int) -> None:
     """direct_bytes=0: each rank reads its own share from its tensor and writes the result
     straight back (what tensors over 1 MiB do); the default sends these small ones through the
-    slots. 3 elements on 5 ranks leave some ranks no share at all. Objects (macOS's segments)
-    for 3 ranks."""
-    groups = make_groups(tmp_path, size, slot_bytes=256, direct_bytes=direct_bytes, objects=size == 3)
+    slots. 3 elements on 5 ranks leave some ranks no share at all. gather_bytes over the
+    tensors' size: one round in which every rank reduces every row (small tensors, up to
+    GATHER_BYTES), with slots too small for it. Objects (macOS's segments) for 3 ranks."""
+    groups = make_groups(tmp_path, size, slot_bytes=256 if not gather_bytes else 4096, direct_bytes=direct_bytes,
+                         objects=size == 3, gather_bytes=gather_bytes)
     assert groups[0].segments.objects == (size == 3)
     assert not groups[0].segments.exists(groups[0].name)  # unlinked once everyone mapped it
     assert os.listdir(tmp_path) == []  # and its marker with it
@@ -73,6 +78,12 @@ def test_ranks_reduce_exactly_over_many_pipelined_rounds(tmp_path, size: int, di
             on_every_rank(lambda i, inputs=inputs: groups[i].all_reduce(inputs[i], inputs[i], "sum", divide_by=size))
             for x in inputs:
                 assert torch.equal(x, stacked.sum(0) / size), numel
+            # floats whose sum depends on the order of the additions: every rank gets the same bits
+            floats = [torch.randn(numel) for _ in range(size)]
+            outs = [torch.empty(numel) for _ in range(size)]
+            on_every_rank(lambda i, outs=outs, floats=floats: groups[i].all_reduce(floats[i], outs[i], "sum"))
+            assert all(torch.equal(out, outs[0]) for out in outs), numel
+            torch.testing.assert_close(outs[0], torch.stack(floats).double().sum(0).float())
     finally:
         close_all(groups)
 
@@ -198,7 +209,7 @@ def test_ranks_that_announce_different_collectives_are_stopped_naming_both(tmp_p
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_shared_tensors_are_reduced_where_they_are(tmp_path, size: int) -> None:
-    groups = make_groups(tmp_path, size, slot_bytes=256)  # pieces of 64 floats: 1000 elements take many
+    groups = make_groups(tmp_path, size, slot_bytes=256, gather_bytes=0)  # pieces of 64 floats: 1000 elements take many
     try:
         with ThreadPoolExecutor(size) as pool:
             tensors = list(pool.map(lambda g: g.shared_tensor(1000, torch.float32), groups))
@@ -212,7 +223,7 @@ def test_shared_tensors_are_reduced_where_they_are(tmp_path, size: int) -> None:
             with ThreadPoolExecutor(size) as pool:
                 list(pool.map(lambda i, op=op, d=divide_by: groups[i].all_reduce(tensors[i], tensors[i], op, d),
                               range(size)))
-            assert all(g.in_place for g in groups)
+            assert all(g.path == "in place" for g in groups)
             for t in tensors:
                 assert torch.equal(t, want), op
         # one rank brings a private tensor: nobody reduces in place, and the result is still exact
@@ -222,7 +233,7 @@ def test_shared_tensors_are_reduced_where_they_are(tmp_path, size: int) -> None:
         brought = [private, *tensors[1:]]
         with ThreadPoolExecutor(size) as pool:
             list(pool.map(lambda i: groups[i].all_reduce(brought[i], brought[i], "sum"), range(size)))
-        assert not any(g.in_place for g in groups)
+        assert not any(g.path == "in place" for g in groups)
         for t in brought:
             assert torch.equal(t, torch.stack(inputs).sum(0))
         # a view of another dtype (a bool flag's uint8, say) is summed in its own: the rows were
