@@ -1,5 +1,5 @@
 """One training step of an ``nn.SyncBatchNorm`` (converted as for DDP) on batches of different
-sizes and statistics: ``sync_bn.py OUT_DIR``. Each rank saves its input's gradient, its
+sizes and statistics: ``sync_bn.py OUT_DIR [SIZES]`` (images per rank, by default 1,2,3). Each rank saves its input's gradient, its
 parameters' (averaged) gradients and its running statistics to ``OUT_DIR/RANK.pt``; the test
 compares them with one ``nn.BatchNorm2d`` on every rank's batch at once."""
 
@@ -20,11 +20,11 @@ def make_norm() -> nn.BatchNorm2d:
     return norm
 
 
-def batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank r's images and the weights of its loss: r + 1 images, each rank's drawn apart and
-    shifted and scaled, so its statistics differ from the others'."""
+def batch(rank: int, images: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank r's images and the weights of its loss, each rank's drawn apart and shifted and
+    scaled, so its statistics differ from the others'."""
     g = torch.Generator().manual_seed(10 + rank)
-    x = torch.randn(rank + 1, 3, 4, 5, generator=g) * (rank + 1) + rank
+    x = torch.randn(images, 3, 4, 5, generator=g) * (rank + 1) + rank
     return x, torch.randn(x.shape, generator=g)
 
 
@@ -33,7 +33,8 @@ def main() -> None:
     rank = macfleet.rank()
     net = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(make_norm()))
     model = macfleet.DataParallel(net)
-    x, weights = batch(rank)
+    sizes = [int(n) for n in (sys.argv[2] if len(sys.argv) > 2 else "1,2,3").split(",")]
+    x, weights = batch(rank, sizes[rank])
     x.requires_grad_(True)
     (model(x) * weights).sum().backward()
     norm = net[0]
