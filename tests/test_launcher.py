@@ -411,18 +411,41 @@ def test_a_module_runs_as_python_m_runs_it(tmp_path) -> None:
     package = tmp_path / "trainer"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "main.py").write_text("import sys\nimport macfleet\nmacfleet.init()\nmacfleet.barrier()\n"
-                                     "print('ran', __name__, macfleet.rank(), sys.argv[1:], flush=True)\n")
+    (package / "main.py").write_text("import os, sys\nimport macfleet\nmacfleet.init()\nmacfleet.barrier()\n"
+                                     "print('ran', __name__, macfleet.rank(), sys.argv[1:], sys.path[0] == os.getcwd(), "
+                                     "flush=True)\n")
     job = run_launch("--nproc", "2", "--cwd", str(tmp_path), "-m", "trainer.main", "--lr", "3", timeout=60)
     assert job.code == 0, job.output
-    for rank in (0, 1):
-        assert f"[rank {rank}] ran __main__ {rank} ['--lr', '3']" in job.stdout, job.output
+    for rank in (0, 1):  # and the working directory first on sys.path, as python -m puts it
+        assert f"[rank {rank}] ran __main__ {rank} ['--lr', '3'] True" in job.stdout, job.output
     missing = run_launch("--nproc", "2", "--cwd", str(tmp_path), "-m", "trainer.nope", timeout=60)
     root = missing.stderr[missing.stderr.index("root cause"):]
     assert missing.code == 1 and "No module named 'trainer.nope'" in root and "bootstrap" not in root, root
     assert "is not installed" not in root, root  # trainer is there: no package to install
     bad = run_launch("--nproc", "1", "-m", "not/a/module")
     assert bad.code == 2 and "is not a module name" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_script_s_folder_is_first_on_its_path_and_ps_shows_the_script(tmp_path) -> None:
+    """As under ``python src/train.py``: the script's folder first on sys.path (a module beside
+    it imports), and the working directory not on it. ``ps`` shows a rank as ``python -P -m
+    macfleet.workers.bootstrap src/train.py ARGS``; it showed a -c line of 300 characters
+    first. (Python 3.10 has no -P, and keeps the -c line.)"""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "helper.py").write_text("VALUE = 7\n")
+    (folder / "train.py").write_text(
+        "import os, subprocess, sys\nimport helper\n"
+        "print('path', sys.path[0], os.getcwd() in sys.path, helper.VALUE, flush=True)\n"
+        "ps = subprocess.run(['ps', '-ww', '-o', 'args=', '-p', str(os.getpid())], capture_output=True, text=True)\n"
+        "print('ps', ps.stdout.strip(), flush=True)\n")
+    job = run_launch("--nproc", "1", "--cwd", str(tmp_path), str(folder / "train.py"), "--lr", "3", timeout=60)
+    assert job.code == 0, job.output
+    assert f"[rank 0] path {folder} False 7" in job.stdout, job.output
+    shown = next(line for line in job.stdout.splitlines() if line.startswith("[rank 0] ps "))
+    assert shown.endswith(f"{folder / 'train.py'} --lr 3"), shown
+    if sys.version_info >= (3, 11):
+        assert shown == f"[rank 0] ps {sys.executable} -P -m macfleet.workers.bootstrap {folder / 'train.py'} --lr 3"
 
 
 @pytest.mark.parametrize("how", ["script", "module"])

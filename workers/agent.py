@@ -375,7 +375,8 @@ class Agent:
         rank = self.spec.rank_base + local_rank
         error_file = os.path.join(self.tmpdir, f"error-{rank}.json")
         proc = subprocess.Popen(
-            module_command(self.spec.python, "macfleet.workers.bootstrap", self.spec.script, *self.spec.args),
+            module_command(self.spec.python, "macfleet.workers.bootstrap", self.spec.script, *self.spec.args,
+                           same_python=True),
             env=worker_env(self.spec, local_rank, self.data_addrs, self.main_iface, master_addr, master_port,
                            error_file, self.alive_r),
             pass_fds=(self.alive_r,),
@@ -427,7 +428,8 @@ class Agent:
         # job; what matters (it did not start, it died) we report ourselves.
         env = {**os.environ, "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
         self.store = subprocess.Popen(
-            module_command(self.spec.python, "macfleet.workers.store", str(sock.fileno()), addr, str(port)),
+            module_command(self.spec.python, "macfleet.workers.store", str(sock.fileno()), addr, str(port),
+                           same_python=True),
             pass_fds=(sock.fileno(),), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
             start_new_session=True, env=env,
         )

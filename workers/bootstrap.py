@@ -60,6 +60,7 @@ def main() -> None:
     try:
         if module is not None:
             sys.argv = sys.argv[2:]
+            script_path(os.getcwd())
             spec = _find_module(module)
             if spec is None:  # the user's mistake: one line, none of our frames
                 _report(ModuleNotFoundError(f"No module named {module!r} in {os.getcwd()} or the installed "
@@ -69,7 +70,7 @@ def main() -> None:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
             sys.argv = sys.argv[1:]
-            sys.path[0] = os.path.dirname(script)  # as `python script.py` does
+            script_path(os.path.dirname(script))
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = exc.code
@@ -181,6 +182,15 @@ def _start_keeper(alive_fd: int) -> None:
     finally:
         os.close(devnull)
         os.close(alive_fd)
+
+
+def script_path(folder: str) -> None:
+    """Put ``folder`` first on ``sys.path``, as ``python`` does for the script it runs: the
+    script's folder for ``python script.py``, the working directory for ``python -m``. Unless
+    ``PYTHONSAFEPATH`` asks for neither (from Python 3.11). The rank started without either:
+    see ``module_command``."""
+    if not (os.environ.get("PYTHONSAFEPATH") and sys.version_info >= (3, 11)):
+        sys.path.insert(0, folder)
 
 
 def _find_module(module: str) -> importlib.machinery.ModuleSpec | None:
