@@ -207,6 +207,31 @@ def test_ranks_that_announce_different_collectives_are_stopped_naming_both(tmp_p
         assert f"{ours_named} (collective 1)" in message and f"{named} (collective 1)" in message, message
 
 
+def test_ranks_whose_sizes_take_different_paths_are_stopped_not_mixed(tmp_path) -> None:
+    """A small all-reduce takes one barrier and a large one two or more: ranks that disagree on
+    the size meet at the first barrier all the same, and both stop there, naming both sizes,
+    instead of one reading the other's bytes as its own or waiting at a barrier never reached."""
+    groups = make_groups(tmp_path, 2, timeout_s=30)
+    sizes = (9, 5000)  # 36 bytes: one barrier; 20000 bytes: rounds of the 4 KiB slot
+
+    def enter(rank: int) -> str:
+        n = sizes[rank]
+        groups[rank].announce(Signature(1, "all_reduce", n, torch.float32, "sum"))
+        try:
+            groups[rank].all_reduce(torch.ones(n), torch.empty(n), "sum")
+        except ProtocolError as exc:
+            return str(exc)
+        return "returned"
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            said = list(pool.map(enter, range(2)))
+    finally:
+        close_all(groups)
+    assert "returned" not in said, said
+    assert all("all_reduce of 9 float32" in s and "all_reduce of 5000 float32" in s for s in said), said
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_shared_tensors_are_reduced_where_they_are(tmp_path, size: int) -> None:
     groups = make_groups(tmp_path, size, slot_bytes=256, gather_bytes=0)  # pieces of 64 floats: 1000 elements take many
