@@ -90,9 +90,9 @@ class _SyncBatchNormFunction(torch.autograd.Function):
                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
         channels = x.shape[1]
         dims = [0, *range(2, x.dim())]
+        shape = [1, channels] + [1] * (x.dim() - 2)
         x32 = x.float()
         count = x.numel() // channels
-        shape = [1, channels] + [1] * (x.dim() - 2)
         mean = x32.mean(dims) if count else x32.new_zeros(channels)
         m2 = (x32 - mean.view(shape)).square().sum(dims)  # measured: 4x faster than var_mean on a CPU
         stats = _on_host(torch.cat([mean.new_tensor([count]), mean, m2]), "gather")  # [world, 2C+1]
