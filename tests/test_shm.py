@@ -46,8 +46,9 @@ def test_ranks_reduce_exactly_over_many_pipelined_rounds(tmp_path, size: int, di
     """direct_bytes=0: each rank reads its own share from its tensor and writes the result
     straight back (what tensors over 1 MiB do); the default sends these small ones through the
     slots. 3 elements on 5 ranks leave some ranks no share at all. gather_bytes over the
-    tensors' size: one round in which every rank reduces every row (small tensors, up to
-    GATHER_BYTES), with slots too small for it. Objects (macOS's segments) for 3 ranks."""
+    tensors' size: one round in which every rank reduces every row (what tensors up to
+    GATHER_BYTES in all take), in 4 KiB slots that hold them. Objects (macOS's segments) for 3
+    ranks."""
     groups = make_groups(tmp_path, size, slot_bytes=256 if not gather_bytes else 4096, direct_bytes=direct_bytes,
                          objects=size == 3, gather_bytes=gather_bytes)
     assert groups[0].segments.objects == (size == 3)

@@ -1,7 +1,8 @@
 """One training step of an ``nn.SyncBatchNorm`` (converted as for DDP) on batches of different
-sizes and statistics: ``sync_bn.py OUT_DIR [SIZES]`` (images per rank, by default 1,2,3). Each rank saves its input's gradient, its
-parameters' (averaged) gradients and its running statistics to ``OUT_DIR/RANK.pt``; the test
-compares them with one ``nn.BatchNorm2d`` on every rank's batch at once."""
+sizes and statistics: ``sync_bn.py OUT_DIR [SIZES]`` (images per rank, by default 1,2,3).
+Each rank saves its input's gradient, its parameters' (averaged) gradients and its running
+statistics to ``OUT_DIR/RANK.pt``; the test compares them with one ``nn.BatchNorm2d`` on
+every rank's batch at once."""
 
 import sys
 
