@@ -7,9 +7,9 @@ import sys
 
 NOT_INSTALLED = "macfleet is not installed for "  # then the Python's path
 # The first statement of our -c lines: take off the working directory that -c puts first on
-# sys.path (``cwd``: whether it was there), so that a folder named macfleet there is not taken
-# for the installed package.
-WITHOUT_CWD = "import sys; cwd = sys.path[:1] == ['']; del sys.path[:cwd]"
+# sys.path (as '', unless -P or PYTHONSAFEPATH kept it off), so that a folder named macfleet
+# there is not taken for the installed package.
+WITHOUT_CWD = "import sys; del sys.path[:sys.path[:1] == ['']]"
 
 
 def module_command(python: str, module: str, *args: str, same_python: bool = False) -> list[str]:
