@@ -97,7 +97,7 @@ def test_a_long_exchange_over_a_slow_link_is_not_a_stall(netns_hosts) -> None:
     assert "received every byte" in job.stdout and "stall" not in job.stderr, job.output
     assert "macfleet: communication sets the pace" in job.stderr, job.stderr
     # a silent terminal looks like a hang: the launcher says what goes on, once a stall timeout
-    notes = re.findall(r"^macfleet: rank 1 has been in broadcast \(op 1\) for (\d+) s, and data keeps arriving",
+    notes = re.findall(r"^macfleet: rank 1 has been in broadcast \(op 2\) for (\d+) s, and data keeps arriving",
                        job.stderr, re.M)
     assert len(notes) >= 2 and notes == sorted(notes, key=int), job.stderr
 
