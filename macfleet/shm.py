@@ -363,14 +363,8 @@ class LocalGroup:
         rank reads every rank's row, so the gain shrinks with the rows' total: the two ways
         were level at 128 KiB a rank with 4 ranks and 8 (512 KiB and 1 MiB in all), and at 256
         KiB a rank with 8 ranks the one barrier took 0.44 ms instead of 0.31. The buffers
-        alternate as in ``all_gather``: round t's is written again at round t+2, after a
-        barrier that every rank reaches only once it has reduced round t."""
-        n, buf = out.numel(), self._round % 2
-        self._round += 1
-        rows = self.slots(buf, out.dtype)[:, :n]
-        rows[self.index].copy_(src)
-        self.barrier()
-        _reduce_columns(rows, out, op)
+        alternate as in ``all_gather`` (``_gathered``)."""
+        _reduce_columns(self._gathered(src, out.dtype), out, op)
         if divide_by != 1:
             out.div_(divide_by)
 
@@ -509,11 +503,19 @@ class LocalGroup:
         per_round = self.slot_bytes // block.element_size()
         for start in range(0, block.numel(), per_round):
             n = min(per_round, block.numel() - start)
-            buf = self._round % 2
-            self._round += 1
-            self.slot(buf, self.index, block.dtype, n).copy_(block[start: start + n])
-            self.barrier()
-            out[:, start: start + n].copy_(self.slots(buf, block.dtype)[:, :n])
+            out[:, start: start + n].copy_(self._gathered(block[start: start + n], block.dtype))
+
+    def _gathered(self, piece: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """One round: ``piece`` (at most a slot, converted to ``dtype``) into this rank's slot,
+        a barrier, and every rank's piece as the rows ``[size, piece.numel()]`` of the round's
+        buffer. They stay valid until the round after next writes that buffer again, after a
+        barrier that every rank reaches only once it is done with them."""
+        n, buf = piece.numel(), self._round % 2
+        self._round += 1
+        rows = self.slots(buf, dtype)[:, :n]
+        rows[self.index].copy_(piece)
+        self.barrier()
+        return rows
 
     def close(self) -> None:
         self.raw = None
