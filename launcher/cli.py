@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import os
+import re
 import shutil
 import sys
 from typing import Any, Callable, NoReturn
@@ -184,6 +185,8 @@ def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, me
     else:
         if script.startswith("-") and not os.path.exists(script):  # an option mistyped before SCRIPT
             _no_such_option(script)
+        if INTERPRETER.fullmatch(os.path.basename(script)):
+            _not_the_interpreter(script, script_args)
         script = _find_script(script, hosts.get("cwd"))
     cfg = make_config(script, list(script_args), device=device, seed=seed,
                       memory_fraction=memory_fraction, heartbeat_timeout_s=heartbeat_timeout,
@@ -211,13 +214,53 @@ def in_home(path: str | None) -> bool:
     return path is not None and (path == "~" or path.startswith("~/"))
 
 
+# Other launchers' options for what ``--nproc`` and ``--hosts`` say, as their users type them
+# from habit: the option's meaning here, and whose it is.
+OTHER_LAUNCHERS = {
+    "--nproc_per_node": ("torchrun's", "macfleet's is --nproc"),
+    "--nproc-per-node": ("torchrun's", "macfleet's is --nproc"),
+    "--nnodes": ("torchrun's", "macfleet's --hosts lists every host with its processes: --hosts mac1:2,mac2:2"),
+    "--node_rank": ("torchrun's", "macfleet needs none: the launcher starts every host of --hosts itself, over ssh"),
+    "--node-rank": ("torchrun's", "macfleet needs none: the launcher starts every host of --hosts itself, over ssh"),
+    "--master_addr": ("torchrun's", "macfleet needs none: the launching Mac coordinates the job "
+                      "(--data-addr picks the address that training data goes over)"),
+    "--master-addr": ("torchrun's", "macfleet needs none: the launching Mac coordinates the job "
+                      "(--data-addr picks the address that training data goes over)"),
+    "-np": ("horovodrun's and mpirun's", "macfleet's is --nproc (processes on this Mac) or --hosts mac1:2,mac2:2"),
+    "-H": ("horovodrun's", "macfleet's is --hosts"),
+    "-n": ("mlx.launch's", "macfleet's is --nproc"),
+}
+# ``python``, ``python3``, ``python3.12``, ``pythonw``: the interpreter typed before the script,
+# as horovodrun and mpirun take it.
+INTERPRETER = re.compile(r"python[0-9.]*w?")
+
+
 def _no_such_option(given: str) -> NoReturn:
     """``--nprocs 2 train.py``: the unknown option reached us as SCRIPT (unknown options pass on
-    to the script, after it), and was "no such file: --nprocs". Say what click says elsewhere."""
+    to the script, after it), and was "no such file: --nprocs". Say what click says elsewhere,
+    and for another launcher's option, which of ours does its job."""
     ctx = click.get_current_context()
     name = given.split("=", 1)[0]
+    if name in OTHER_LAUNCHERS:
+        whose, ours = OTHER_LAUNCHERS[name]
+        raise click.NoSuchOption(name, message=f"No such option: {name} (that is {whose}; {ours})",
+                                 ctx=ctx)
     known = [opt for param in ctx.command.params for opt in param.opts if opt.startswith("-")]
     raise click.NoSuchOption(name, possibilities=difflib.get_close_matches(name, known), ctx=ctx)
+
+
+def _not_the_interpreter(python: str, script_args: tuple[str, ...]) -> NoReturn:
+    """``macfleet launch --nproc 2 python train.py``, as horovodrun takes it: the ranks would
+    run the interpreter binary as a Python script (or "no such file: python"). Every rank runs
+    under the agent's Python (``--python`` picks another), so SCRIPT is the script, as for
+    torchrun and mlx.launch: say so, with the command line that works."""
+    rest = list(script_args)
+    while rest and rest[0].startswith("-") and rest[0] != "-m":  # the interpreter's own flags (-u, -O)
+        rest.pop(0)
+    meant = " ".join(rest) or "train.py"
+    raise click.BadParameter(
+        f"{python} is the interpreter: macfleet runs every rank with Python itself (--python picks which), "
+        f"so give the script first: macfleet launch [OPTIONS] {meant}", param_hint="SCRIPT")
 
 
 def _find_script(script: str, cwd: str | None) -> str:

@@ -401,6 +401,20 @@ def test_a_mistyped_option_is_named_as_an_option_not_a_missing_script() -> None:
         assert "no such file" not in job.stderr and "[rank" not in job.stdout, job.output
 
 
+def test_another_launcher_s_habits_are_answered_with_macfleet_s_way() -> None:
+    """horovodrun takes ``python train.py`` and ``-H``, torchrun ``--nproc_per_node``, mlx.launch
+    ``-n``. The interpreter was run as the script by every rank (a SyntaxError from each, or "no
+    such file: python"), and the options were "no such option" at best."""
+    for python in ("python", sys.executable):
+        job = run_launch("--nproc", "2", python, "-u", BEHAVE, "-1", "none")
+        assert job.code == 2 and "Traceback" not in job.stderr and "[rank" not in job.stdout, job.output
+        assert f"give the script first: macfleet launch [OPTIONS] {BEHAVE} -1 none" in job.stderr, job.stderr
+    for typed, whose, ours in (("-H", "horovodrun's", "--hosts"), ("--nproc_per_node", "torchrun's", "--nproc"),
+                               ("-n", "mlx.launch's", "--nproc")):
+        job = run_launch(typed, "2", BEHAVE, "-1", "none")
+        assert job.code == 2 and f"that is {whose}; macfleet's is {ours}" in job.stderr, job.stderr
+
+
 def test_a_module_runs_as_python_m_runs_it(tmp_path) -> None:
     """``-m pkg.mod`` as with torchrun and python: the module is found from --cwd and runs as
     __main__ with the arguments that follow; one that is not there is named in one line. A
