@@ -368,13 +368,15 @@ class Coordinator:
         collective. Every collective needs every rank, so while one is stuck no data moves
         anywhere for long; while it does, a long wait is a large exchange over a slow link (a big
         model's first broadcast over Wi-Fi takes minutes), not a stall. Judged by each waiting
-        rank's last beat while it is fresh (a stall is then named at most a beat late; a rank
-        whose beats stop is lost by the heartbeat timeout). Data from before the wait does not
-        count: a wait that began right after the last collective ended looked like data still
-        arriving for up to a beat."""
+        rank's last beat, so a stall is named at most a beat late. A beat that is late (a Mac
+        loaded for a moment) leaves what the last one said standing: it used to count as no
+        data at all, and a rank receiving all along had its sender named "made no progress"
+        (a rank whose beats stop is lost by the heartbeat timeout instead). Data from before the
+        wait does not count: a wait that began right after the last collective ended looked
+        like data still arriving for up to a beat."""
         def moving(st: dict[str, Any]) -> bool:
             quiet, entered = st.get("quiet_s"), (st.get("waiting") or {}).get("for_s")
-            return (quiet is not None and quiet < self.stall_timeout_s and now - st["at"] < 2 * protocol.HEARTBEAT_S
+            return (quiet is not None and quiet < self.stall_timeout_s
                     and (not isinstance(entered, (int, float)) or quiet < entered))
         return any(moving(st) for rank, st in self.status.items() if rank in waiting)
 

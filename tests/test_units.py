@@ -906,6 +906,49 @@ def test_a_collective_the_last_rank_has_just_joined_is_no_stall() -> None:
     assert any("stall: rank 1 (mac1) made no progress" in line for line in logged), logged
 
 
+def test_a_late_beat_from_a_rank_that_receives_data_does_not_make_its_source_a_stall() -> None:
+    """Rank 1 waits in a broadcast whose data keeps arriving (its beat: the last bytes came 0.1 s
+    ago), and its next beats are late, as on a loaded Mac; rank 0, the source, is in no
+    collective. A beat over two beats old counted as no data at all, and rank 0 was named
+    "made no progress" (a flake of the slow-link test in a loaded run). What the last beat said
+    stands until the next one: once that says nothing has arrived for over the stall timeout,
+    rank 0 is named."""
+    import zmq
+
+    from macfleet.control import ControlClient
+    from macfleet.launcher.coordinator import Coordinator
+    from macfleet.protocol import BEAT, HEARTBEAT_S, REGISTER
+
+    ctx = zmq.Context()
+    secret, logged = os.urandom(32), []
+    coord = Coordinator(ctx, ["127.0.0.1"], secret, "job", world_size=2, num_agents=1, stall_timeout_s=1.0,
+                        log=logged.append)
+    ranks = [ControlClient(ctx, coord.endpoints["127.0.0.1"], secret, "job", f"rank-{r}") for r in range(2)]
+
+    def receiving(quiet_s: float, for_s: float) -> None:
+        ranks[1].send(BEAT, progress=1, quiet_s=quiet_s, waiting={"op": "broadcast", "id": 2, "for_s": for_s})
+
+    def beats_until(ends: float) -> None:
+        while not any("stall:" in line for line in logged) and time.monotonic() < ends:
+            ranks[0].send(BEAT, progress=2, quiet_s=9.0, waiting=None)  # rank 0 beats on time
+            coord.poll(0.2)
+
+    try:
+        for r, client in enumerate(ranks):
+            client.send(REGISTER, rank=r, endpoints={}, host=f"mac{r}", local_rank=0)
+        receiving(0.1, 1.5)
+        beats_until(time.monotonic() + 3 * HEARTBEAT_S)  # rank 1's beat is three beats old at the end
+        assert not any("stall:" in line for line in logged) and coord.aborted is None, logged
+        receiving(2.0, 4.5)  # nothing has come for 2 s: the broadcast is stuck
+        beats_until(time.monotonic() + 10)
+        assert any("stall: rank 0 (mac0) made no progress" in line for line in logged), logged
+    finally:
+        for client in ranks:
+            client.close()
+        coord.close()
+        ctx.destroy(linger=0)
+
+
 def test_ranks_waiting_in_different_collectives_with_nothing_arriving_are_named_by_the_stall_report() -> None:
     """The backstop behind the messages' own checks (each names its collective and number, so
     ranks in different collectives find out from the first one that reaches them): ranks that
