@@ -1,16 +1,14 @@
-"""Collectives over the ring: all_reduce, broadcast, all_gather, barrier.
+"""Collectives: all_reduce, broadcast, all_gather, barrier, made one at a time in the same
+order on every rank.
 
 A contiguous host tensor in its working dtype is reduced in its own memory; anything else goes
 through reusable host buffers (a device tensor's memory is not host memory, and half precision is
 reduced in float32 on the host). Ranks of one host reduce and broadcast through shared memory
 (``macfleet.shm``) and, across hosts, on a ring of the hosts' first ranks; they gather the
-same way. The all-reduce is the classic ring:
-reduce-scatter then all-gather over N segments, each segment cut into chunks so that the
-reduction of one chunk overlaps the transfer of the next, and large tensors are split into
-parts that run concurrently on separate channels (both ring directions, and ``streams``
-socket pairs per direction). Small tensors take a latency path: every rank passes its whole
-tensor round the ring, half the ranks' one way and half the other (about N/2 steps instead of
-2(N-1)), and reduces locally in rank order.
+same way. Without shared memory every collective runs on the ring of all ranks. How the bytes
+go round a ring is ``macfleet.ring_algorithms``'; this module decides which way a collective
+goes, and keeps the order: each collective is numbered, announced to the heartbeat and to the
+host's other ranks, and recorded for the report of ranks that went different ways.
 
 Results are identical on every rank: each element is reduced once, by one rank, in a fixed
 order, then copied to the others.
@@ -22,7 +20,6 @@ import ctypes
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -33,54 +30,14 @@ from macfleet.arguments import (WIRE_DTYPES, as_numbers, check_all_gather, check
                                 made_of_numbers)
 from macfleet.errors import ConfigError, JobAborted, PeerLost, ProtocolError
 from macfleet.history import History, call_site, where
-from macfleet.shm import LocalGroup, Signature, split_evenly
-from macfleet.transport import Channel, Liveness, Ring
+from macfleet.ring_algorithms import REDUCERS, SMALL_BYTES, ZERO_COPY_BYTES, HostBuffers, RingAlgorithms, even_spans
+from macfleet.shm import LocalGroup, Signature
+from macfleet.transport import Liveness, Ring
 
 LEFT = ("this rank left the job with macfleet.shutdown(): a collective, DataParallel or macfleet.init() after it "
         "cannot run; call macfleet.shutdown() last")
 # Half precision is reduced in float32 on the host (DESIGN.md section 4).
 WORK_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
-
-# Up to these sizes the one-pass latency path beats the ring (benchmarks/results, device machine
-# over loopback: at 8 ranks 256 KiB took 1.8-1.9 ms one-pass against 2.8-3.0 ms on the ring,
-# 1 MiB 4.7-5.4 ms against 3.6-3.8). Between two members the one pass moves the same bytes as
-# the ring in one step (``_reduce_pair``): 2 MiB took 1.23-1.25 ms against 1.89-2.01 on the ring,
-# 4 MiB 2.12 against 2.13-2.25, 8 MiB 2.8-3.1 against 3.0-3.1 (session 13).
-SMALL_BYTES = 256 << 10
-TWO_MEMBER_ONE_PASS_BYTES = 4 << 20
-# The ring sends pieces this large straight from the tensor's memory: it saves a memcpy of every
-# byte sent, and costs one settle word per channel at the end of the collective.
-ZERO_COPY_BYTES = 1 << 20
-# A broadcast passes a piece on while the next comes in, so the last member has it after about
-# (pieces + hops - 1) piece times instead of hops whole-tensor times. Measured on the device
-# machine over loopback (session 30), 4 MiB at 8 ranks: 25-26 ms in one 4 MiB piece, 5.2 ms in
-# 256 KiB pieces, 6.5 ms in 128 KiB, 9.0 ms in 64 KiB (each piece costs a message); 16 MiB at 4
-# ranks: 14.8-15.0 ms in 4 MiB pieces, 10.4 ms in 1 MiB, 12.5 ms in 256 KiB.
-BROADCAST_PIECES = 16
-MIN_BROADCAST_PIECE_BYTES = 256 << 10
-Reducer = Callable[[torch.Tensor, torch.Tensor], object]
-REDUCERS: dict[str, Reducer] = {
-    "sum": lambda acc, x: acc.add_(x),
-    "avg": lambda acc, x: acc.add_(x),
-    "max": lambda acc, x: torch.maximum(acc, x, out=acc),
-    "min": lambda acc, x: torch.minimum(acc, x, out=acc),
-}
-
-
-class HostBuffers:
-    """Named host buffers that grow and are reused, so the steady state allocates nothing big."""
-
-    def __init__(self) -> None:
-        self._raw: dict[str, bytearray] = {}
-
-    def get(self, name: str, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, memoryview]:
-        nbytes = numel * dtype.itemsize
-        raw = self._raw.get(name)
-        if raw is None or len(raw) < nbytes:
-            raw = self._raw[name] = bytearray(max(nbytes, 64))
-        view = memoryview(raw)[:nbytes]
-        tensor = torch.frombuffer(raw, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
-        return tensor, view
 
 
 class Collectives:
@@ -93,18 +50,13 @@ class Collectives:
         ``shared_memory``: every collective goes through ``local`` (this host's ranks) and,
         across hosts, ``leaders`` (the ring of each host's first rank, given to those ranks only).
         ``inline_bytes``: collectives up to this size do their arithmetic on the calling thread
-        alone (``macfleet.hostops``). ``zero_copy_bytes``: the ring sends pieces at least this
-        large without copying them (``Ring.settle``)."""
+        alone (``macfleet.hostops``). The other sizes and ``all_streams`` tune the rings
+        (``RingAlgorithms``)."""
         self._ring = ring
         self.local, self.leaders, self.shared_memory = local, leaders, shared_memory
         self.liveness = liveness
-        self.all_streams = all_streams  # else only two-member rings use streams beyond the first
         self.rank, self.world = rank, world
-        self.chunk_bytes = chunk_bytes
-        self.small_bytes = small_bytes
-        self.min_part_bytes = min_part_bytes
         self.inline_bytes = inline_bytes
-        self.zero_copy_bytes = zero_copy_bytes
         self.ops_done = 0  # progress counter, read by the heartbeat
         self.started = time.monotonic()
         self.waited_s = 0.0  # time the script's threads spent blocked in macfleet (``waiting``)
@@ -143,9 +95,11 @@ class Collectives:
         self._leaving = False
         self._thread = threading.local()  # this thread's caller (on_behalf_of) and waiting state (waiting)
         self._by = ""  # the caller of the collective in progress, for its headers
-        extra = len(self.rings[0].channels) - 1 if self.rings else 0
-        self._pool = ThreadPoolExecutor(extra, thread_name_prefix="macfleet-ring") if extra else None
         self._host = HostBuffers()
+        self._on_ring = RingAlgorithms(
+            self._host, len(self.rings[0].channels) - 1 if self.rings else 0, chunk_bytes=chunk_bytes,
+            small_bytes=small_bytes, min_part_bytes=min_part_bytes, inline_bytes=inline_bytes,
+            zero_copy_bytes=zero_copy_bytes, all_streams=all_streams)
 
     # -- public collectives -----------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", name: str = "tensor",
@@ -184,7 +138,8 @@ class Collectives:
             else:
                 if not in_place:
                     work.copy_(data.reshape(-1))  # blocking device->host copy (and upcast), see mps-facts.md
-                self._reduce_on(self.ring, op_id, work, raw, reducer, meta, wire)
+                self._on_ring.all_reduce(self.ring, op_id, work, raw, reducer, meta, wire)
+                self.last_algorithm = self._on_ring.last_algorithm
             if op == "avg" and not averaged:
                 work.div_(self.world)
             if not in_place:
@@ -233,7 +188,7 @@ class Collectives:
             if self.shared_memory:
                 self._broadcast_hierarchical(op_id, work, raw, src, meta)
             else:
-                self._broadcast_on(self.ring, op_id, work, raw, src, meta)  # on the ring of all, position == rank
+                self._on_ring.broadcast(self.ring, op_id, work, raw, src, meta)  # on the ring of all, position == rank
             if self.rank != src:
                 data.copy_(work.view(data.shape))
         return tensor
@@ -255,8 +210,8 @@ class Collectives:
             if self.shared_memory:
                 self._gather_hierarchical(op_id, blocks, raw, meta)
             else:
-                self._gather_ring(self.ring, op_id, blocks.view(-1), raw, _even_spans(self.world, blocks.shape[1]),
-                                  meta)
+                self._on_ring.all_gather(self.ring, op_id, blocks.view(-1), raw,
+                                         even_spans(self.world, blocks.shape[1]), meta)
             out.copy_(blocks.view(out.shape))
         return out
 
@@ -286,10 +241,9 @@ class Collectives:
         self.all_reduce(torch.zeros(1, dtype=torch.int32), "sum", name="barrier")
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._on_ring.close()
 
-    # -- algorithms -------------------------------------------------------------------------
+    # -- with shared memory: this host's ranks, and across hosts their leaders' ring --------
     def _reduce_hierarchical(self, op_id: int, flat: torch.Tensor, work: torch.Tensor, raw: memoryview,
                              op: str, meta: dict, wire: torch.dtype | None) -> bool:
         """Reduce inside the host through shared memory, across hosts on the leaders' ring, then
@@ -303,8 +257,8 @@ class Collectives:
             work.copy_(flat)
         steps = [] if self.local is None else [", ".join(filter(None, ["shared memory", self.local.path]))]
         if self.leaders is not None:
-            self._reduce_on(self.leaders, op_id, work, raw, reducer, meta, wire)
-            steps.append("hosts " + self.last_algorithm)
+            self._on_ring.all_reduce(self.leaders, op_id, work, raw, reducer, meta, wire)
+            steps.append("hosts " + self._on_ring.last_algorithm)
         if self.local is not None and self.local.size < self.world:
             self.local.broadcast(work)
         self.last_algorithm = " + ".join(steps)
@@ -322,7 +276,7 @@ class Collectives:
             local.broadcast(work, src - first)
         if self.leaders is not None:
             root = max(m for m in self.leaders.members if m <= src)  # the leader of src's host
-            self._broadcast_on(self.leaders, op_id, work, raw, self.leaders.members.index(root), meta)
+            self._on_ring.broadcast(self.leaders, op_id, work, raw, self.leaders.members.index(root), meta)
         if not here and local is not None:
             local.broadcast(work)
 
@@ -337,209 +291,9 @@ class Collectives:
         if self.leaders is not None:
             bounds = [*self.leaders.members, self.world]
             spans = [(a * per, b * per) for a, b in zip(bounds, bounds[1:])]
-            self._gather_ring(self.leaders, op_id, blocks.view(-1), raw, spans, meta)
+            self._on_ring.all_gather(self.leaders, op_id, blocks.view(-1), raw, spans, meta)
         if local is not None and local.size < self.world:
             local.broadcast(blocks.view(-1))
-
-    def _broadcast_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, root: int,
-                      meta: dict) -> None:
-        """The member at clockwise position ``root``'s ``work`` to every member, in pieces, each
-        member passing a piece on while the next comes in.
-
-        A tensor of one piece (up to ``MIN_BROADCAST_PIECE_BYTES``) goes both ways round a ring
-        of three or more, as the small all-reduce's blocks do: the farthest member has it after
-        about n / 2 hops instead of n - 1, and a small broadcast's time is its hops. A larger one
-        goes clockwise only, so the root sends every byte once: its time is its pieces, and a
-        second direction would put them twice on the root's link."""
-        n, size = ring.world, work.element_size()
-        nbytes = work.numel() * size
-        piece_bytes = min(self.chunk_bytes, max(MIN_BROADCAST_PIECE_BYTES, nbytes // BROADCAST_PIECES))
-        pieces = [raw[a * size: b * size] for a, b in _chunks(0, work.numel(), max(1, piece_bytes // size))]
-        cw, ccw = ring.channels[0], ring.channels[1]
-        both = n >= 3 and nbytes <= MIN_BROADCAST_PIECE_BYTES
-        reach = (n // 2, (n - 1) // 2) if both else (n - 1, 0)  # how many members each direction serves
-        ahead = (cw.position - root) % n  # this member's hops clockwise from the root
-        if ahead == 0:
-            for ch, count in zip((cw, ccw), reach):
-                if count:
-                    ch.begin(op_id)
-                    for piece in pieces:
-                        ch.send(piece, meta)
-            if n > 1:
-                cw.expect_answer(meta)
-            return
-        ch, hops, count = (cw, ahead, reach[0]) if ahead <= reach[0] else (ccw, n - ahead, reach[1])
-        ch.begin(op_id)
-        for piece in pieces:
-            ch.recv_header(len(piece), meta)
-            ch.recv_into(piece)
-            if hops < count:  # the last member of each direction does not pass it on
-                ch.send(piece, meta)
-        if ahead == n - 1:  # the member before the root answers it (Channel.expect_answer), clockwise
-            if ch is not cw:
-                cw.begin(op_id)
-            cw.owe_answer(meta)  # it names the source this rank took
-
-    def _reduce_on(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
-                   meta: dict, wire: torch.dtype | None = None) -> None:
-        # Between two members the one-pass path moves the same bytes as the ring in half the
-        # steps; measured faster up to about 4 MiB (benchmarks/, 2 ranks).
-        one_pass = max(self.small_bytes, TWO_MEMBER_ONE_PASS_BYTES) if ring.world == 2 else self.small_bytes
-        if work.numel() * work.element_size() <= one_pass:
-            self.last_algorithm = "latency (one pass)"
-            if ring.world == 2 and wire is None:
-                self._reduce_pair(ring, op_id, work, raw, reducer, meta)
-            else:
-                self._reduce_small(ring, op_id, work, reducer, meta, wire)
-        else:
-            self._reduce_ring(ring, op_id, work, raw, reducer, meta, wire)
-
-    def _reduce_small(self, ring: Ring, op_id: int, work: torch.Tensor, reducer: Reducer, meta: dict,
-                      wire: torch.dtype | None) -> None:
-        numel, n = work.numel(), ring.world
-        blocks, raw = self._host.get("small", n * numel, wire or work.dtype)  # blocks travel in the wire dtype
-        blocks = blocks.view(n, numel)
-        blocks[ring.channels[0].position].copy_(work)
-        self._gather_ring(ring, op_id, blocks.view(-1), raw, _even_spans(n, numel), meta)
-        work.copy_(blocks[0])
-        for k in range(1, n):  # ring order, so every rank computes the same bits
-            reducer(work, blocks[k])
-
-    def _reduce_pair(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
-                     meta: dict) -> None:
-        """The one pass between two members: each sends its tensor as it is and reduces the
-        other's straight into it. a + b is b + a to the bit (so are max and min), so both get
-        the same result without the ring-ordered blocks of ``_reduce_small``, and two copies of
-        the tensor fewer: a member's whole exchange when two Macs train a small model."""
-        other, other_raw = self._host.get("pair", work.numel(), work.dtype)
-        ch, size = ring.channels[0], work.element_size()
-        ch.begin(op_id)
-        pieces = [(a * size, b * size) for a, b in _chunks(0, work.numel(), self._chunk_elems(work))]
-        for a, b in pieces:
-            ch.send(raw[a:b], meta)  # copied into the message: the reduction below may overwrite it
-        for a, b in pieces:
-            ch.recv_header(b - a, meta)
-            ch.recv_into(other_raw[a:b])
-        reducer(work, other)
-
-    def _gather_ring(self, ring: Ring, op_id: int, flat: torch.Tensor, raw: memoryview,
-                     spans: list[tuple[int, int]], meta: dict) -> None:
-        """Pass every member's block round the ring until all members have all blocks: block k,
-        elements ``spans[k]`` of ``flat`` (``raw`` its bytes), belongs to the member at
-        clockwise ring position k (on the ring of all ranks, rank k).
-
-        Both directions at once: the blocks of the n // 2 members behind come clockwise, those
-        of the (n - 1) // 2 ahead counter-clockwise, so the last block arrives after about n / 2
-        hops instead of n - 1 (a hop costs about 100 us over loopback sockets: benchmarks/results)."""
-        n, size = ring.world, flat.element_size()
-        cw, ccw = ring.channels[0], ring.channels[1]
-        me = cw.position
-        hops = [(cw, n // 2, -1), (ccw, (n - 1) // 2, +1)]  # (channel, blocks it brings, direction they come from)
-        step = self._chunk_elems(flat)
-        for ch, count, _ in hops:
-            if count:
-                ch.begin(op_id)
-                for a, b in _chunks(*spans[me], step):
-                    ch.send(raw[a * size: b * size], meta)
-        for s in range(n // 2):
-            for ch, count, sign in hops:
-                if s >= count:
-                    continue
-                k = (me + sign * (s + 1)) % n
-                for a, b in _chunks(*spans[k], step):
-                    piece = raw[a * size: b * size]
-                    ch.recv_header(len(piece), meta)
-                    ch.recv_into(piece)
-                    if s < count - 1:
-                        ch.send(piece, meta)
-
-    def _reduce_ring(self, ring: Ring, op_id: int, work: torch.Tensor, raw: memoryview, reducer: Reducer,
-                     meta: dict, wire: torch.dtype | None) -> None:
-        numel, size = work.numel(), work.element_size()
-        packed, packed_raw = (work, raw) if wire is None else self._host.get("wire", numel, wire)
-        wsize = packed.element_size()
-        # Measured (benchmarks/, 16 cores): extra streams help two-member rings and hurt larger
-        # ones. The choice depends only on the ring's size, which every member sees the same.
-        usable = len(ring.channels) if self.all_streams or ring.world == 2 else 2
-        parts = max(1, min(usable, numel * size // (ring.world * self.min_part_bytes)))
-        bounds = split_evenly(numel, parts)
-        self.last_algorithm = f"ring x{parts}"
-        # The ring computes on one chunk of one segment at a time, never on the whole tensor: a
-        # 1 MiB all-reduce of 4 ranks adds 256 KiB pieces. Their size, not the tensor's, decides
-        # whether waking an OpenMP team pays (measured, 1 MiB at 4 ranks over TCP: 2.0 ms on
-        # the team, 1.6-1.8 ms inline; benchmarks/results/2026-11-22-session6).
-        piece = min(self._chunk_elems(work), -(-(bounds[0][1] - bounds[0][0]) // ring.world)) * size
-        copy = piece * wsize // size < self.zero_copy_bytes  # the same on every member: it follows from the size
-        jobs = []
-        for p in range(1, parts):
-            a, b = bounds[p]
-            jobs.append(self._pool.submit(  # type: ignore[union-attr]
-                self._reduce_part_threaded, piece, ring.channels[p], ring.world, op_id, work[a:b], packed[a:b],
-                packed_raw[a * wsize: b * wsize], reducer, meta, copy))
-        a, b = bounds[0]
-        try:
-            with hostops.threads_for(piece, self.inline_bytes):
-                self._reduce_part(ring.channels[0], ring.world, op_id, work[a:b], packed[a:b],
-                                  packed_raw[a * wsize: b * wsize], reducer, meta, copy)
-        finally:
-            for job in jobs:
-                job.result()
-        if not copy:
-            ring.settle(op_id, ring.channels[:parts])
-
-    def _reduce_part_threaded(self, piece_bytes: int, *args: object) -> None:
-        """``_reduce_part`` on a pool thread, on one thread alone if its pieces are small."""
-        with hostops.threads_for(piece_bytes, self.inline_bytes):
-            self._reduce_part(*args)  # type: ignore[arg-type]
-
-    def _reduce_part(self, ch: Channel, n: int, op_id: int, x: torch.Tensor, packed: torch.Tensor, raw: memoryview,
-                     reducer: Reducer, meta: dict, copy: bool = True) -> None:
-        """Reduce-scatter then all-gather of ``x`` on one channel of an ``n``-member ring, chunk by chunk.
-
-        ``packed``/``raw`` is what goes on the wire: ``x`` itself, or a same-length buffer in the
-        compressed dtype (then each chunk is cast just before it is sent, and back as it arrives).
-
-        ``copy=False`` sends straight from ``raw``. Within the op that is safe without waiting
-        for anything: a region we sent is written again only when its final sum arrives, and
-        that sum includes what we sent, so the next member had received it. After the op the
-        caller settles (``Ring.settle``).
-        """
-        i, size = ch.position, packed.element_size()
-        cast = packed.dtype != x.dtype  # compressed: packed is the wire dtype (else x itself)
-        segments = split_evenly(x.numel(), n)
-        step = self._chunk_elems(x)
-        ch.begin(op_id)
-
-        def chunks(k: int) -> list[tuple[int, int]]:
-            return _chunks(*segments[k % n], step)
-
-        def send(a: int, b: int) -> None:
-            if cast:
-                packed[a:b].copy_(x[a:b])
-            ch.send(raw[a * size: b * size], meta, copy)
-
-        for a, b in chunks(i):
-            send(a, b)
-        # Reduce-scatter: add what the previous rank sends into our copy, pass the sum on. The
-        # last step's sums are final, so passing them on is already the first all-gather step.
-        for s in range(n - 1):
-            for a, b in chunks(i - s - 1):
-                ch.recv_header((b - a) * size, meta)
-                frame = ch.recv_frame()
-                reducer(x[a:b], torch.frombuffer(frame.buffer, dtype=packed.dtype))  # in x's dtype (float32)
-                send(a, b)
-                if cast and s == n - 2:  # our final segment: keep it as the others get it, rounded
-                    x[a:b].copy_(packed[a:b])
-        # All-gather: pass each final segment on as it arrived, then copy it into place (casting
-        # back if compressed). The message passed on is the one received, shared, not copied,
-        # so the next member gets it without waiting for our copy, and it never reads our memory.
-        for s in range(n - 1):
-            for a, b in chunks(i - s):
-                ch.recv_header((b - a) * size, meta)
-                frame = ch.recv_frame()
-                if s < n - 2:
-                    ch.send(frame, meta)
-                x[a:b].copy_(torch.frombuffer(frame.buffer, dtype=packed.dtype))  # we sent it in RS: see above
 
     # -- helpers ----------------------------------------------------------------------------
     @contextmanager
@@ -764,9 +518,6 @@ class Collectives:
         self._op += 1
         return self._op
 
-    def _chunk_elems(self, t: torch.Tensor) -> int:
-        return max(1, self.chunk_bytes // t.element_size())
-
 
 def _at(site: tuple[str, int]) -> str:
     """The words ' at train.py:14' for a call site; none where no line of a script called (the
@@ -808,10 +559,3 @@ def _outside_autograd(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach() if tensor.requires_grad else tensor
 
 
-def _even_spans(n: int, per: int) -> list[tuple[int, int]]:
-    """Element ranges of ``n`` blocks of ``per`` elements each, laid end to end."""
-    return [(k * per, (k + 1) * per) for k in range(n)]
-
-
-def _chunks(start: int, end: int, step: int) -> list[tuple[int, int]]:
-    return [(a, min(a + step, end)) for a in range(start, end, step)]

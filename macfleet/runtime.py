@@ -27,7 +27,8 @@ import zmq
 
 from macfleet import backends, errorfile, hostops, knobs, protocol, segments
 from macfleet.arguments import check_all_gather, check_all_reduce, check_broadcast
-from macfleet.collectives import LEFT, SMALL_BYTES, ZERO_COPY_BYTES, Collectives, error_line
+from macfleet.collectives import LEFT, Collectives, error_line
+from macfleet.ring_algorithms import SMALL_BYTES, ZERO_COPY_BYTES
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
 from macfleet.errors import ConfigError, MacfleetError, ProtocolError, RendezvousError
