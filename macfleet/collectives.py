@@ -66,7 +66,7 @@ class Collectives:
         # come after it, or ranks would number the two differently.
         self.ahead: Callable[[], None] | None = None
         # Waits until DataParallel's thread has averaged every gradient bucket released so far
-        # (``_CommThread.drain``): a collective of the script's, made inside backward, comes after
+        # (``BucketThread.drain``): a collective of the script's, made inside backward, comes after
         # them, at the same place on every rank.
         self.drain: Callable[[], None] | None = None
         # For the launcher's suggested shares: the seconds this rank worked in each training step

@@ -31,7 +31,7 @@ from macfleet.launcher.relay import Output, Relay
 from macfleet.launcher.report import pace_report, stood_by_report
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.lines import LONGEST, pieces
-from macfleet.parallel import bucket_layout
+from macfleet.buckets import bucket_layout
 from macfleet.same_model import difference, layout
 from macfleet.sampler import DistributedSampler
 from macfleet.transport import Channel, ChannelId, Liveness
