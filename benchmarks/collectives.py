@@ -31,7 +31,7 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     import macfleet
-    from macfleet.launcher.bench import parse_size
+    from macfleet.knobs import parse_size
     from macfleet.workers.benchallreduce import timed
 
     macfleet.init(device="cpu")

@@ -14,7 +14,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 REPO=$(pwd)
 mkdir -p /tmp/run && cd /tmp/run  # not the repo root: there `python3 -m macfleet.launcher.cli` (mf) would import its macfleet/ folder
 mf() { python3 -m macfleet.launcher.cli "$@"; }
-bytes_of() { python3 -c "import sys; from macfleet.launcher.bench import parse_size; print(parse_size(sys.argv[1]))" "$1"; }  # 4M -> 4194304
+bytes_of() { python3 -c "import sys; from macfleet.knobs import parse_size; print(parse_size(sys.argv[1]))" "$1"; }  # 4M -> 4194304
 nproc; lscpu | grep -E "Model name|L3|NUMA node\(s\)"; python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))"
 if [ "$part" = allreduce ] || [ "$part" = all ]; then
   for n in ${NPROCS:-2 4 8}; do

@@ -29,17 +29,6 @@ def run_bench(cfg: LaunchConfig, json_path: str | None) -> int:
     return 0
 
 
-def parse_size(text: str) -> int:
-    """Bytes in ``4K``, ``16M``, ``1.5G``, ``4096`` (binary units; a trailing ``B`` or ``iB`` is
-    allowed). ValueError for anything else."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    try:
-        return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
-    except OverflowError:  # "infK"
-        raise ValueError(text) from None
-
-
 def human(nbytes: int) -> str:
     for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if nbytes >= size:

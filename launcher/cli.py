@@ -352,12 +352,12 @@ def bench() -> None:
 def bench_allreduce(sizes: str, dtype: str, budget: float, shared_tensors: bool, no_gloo: bool, json_path: str | None,
                     **hosts: Any) -> None:
     """Time macfleet's all-reduce and gloo's on the same processes and tensors, side by side."""
-    from macfleet.launcher.bench import parse_size, run_bench
+    from macfleet.launcher.bench import run_bench
 
     itemsize = 4 if dtype == "float32" else 2
     for text in sizes.split(","):
         try:
-            size = parse_size(text)
+            size = knobs.parse_size(text)
         except ValueError:
             raise click.BadParameter(f"{text!r} is not a size like 4K, 16M or 1G", param_hint="--sizes") from None
         if size < itemsize:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
+from macfleet.commands import WITHOUT_CWD
 from macfleet.launcher import cabling
 from macfleet.launcher.hosts import Host
 from macfleet.launcher.launch import LaunchConfig, run_job
 from macfleet.launcher.remote import ssh_command
 from macfleet.launcher.report import VERSION_KEYS
 from macfleet.netaddr import CABLE_ADVICE, over_wifi
-from macfleet.workers import WITHOUT_CWD
 
 SLOW_GBIT_S = 2.0      # below this a link is probably Wi-Fi or a congested LAN
 HIGH_LATENCY_US = 1000.0

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from macfleet import protocol
+from macfleet.commands import NOT_INSTALLED, module_command
 from macfleet.launcher import cabling
 from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
@@ -29,7 +30,6 @@ from macfleet.netaddr import CABLE_ADVICE, over_wifi, route_source
 from macfleet.launcher.report import failure_report, facts_table, pace_report, stood_by_report, versions_differ
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.protocol import AgentSpec
-from macfleet.workers import NOT_INSTALLED, module_command
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129, signal.SIGQUIT: 131}
 LAUNCHER = "launcher"  # the writer of our own lines, to the outputs every agent's relay writes to

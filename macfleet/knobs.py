@@ -23,8 +23,21 @@ SWITCHES = ("MACFLEET_SHM", "MACFLEET_SHM_OBJECTS")
 
 
 def nbytes(name: str, default: int, environ: Mapping[str, str] = os.environ) -> int:
-    """A size in bytes, at least 1."""
-    return _read(name, default, environ, int, "a number of bytes", "of at least 1", lambda v: v >= 1)
+    """A size in bytes (``4096``, ``64K``, ``4M``), at least 1."""
+    return _read(name, default, environ, parse_size, "a size in bytes (4096, 64K, 4M)", "of at least 1",
+                 lambda v: v >= 1)
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``4K``, ``16M``, ``1.5G``, ``4096`` (binary units; a trailing ``B`` or ``iB`` is
+    allowed), as the byte knobs and ``macfleet bench --sizes`` take it. ValueError
+    for anything else."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+    except OverflowError:  # "infK"
+        raise ValueError(text) from None
 
 
 def count(name: str, default: int | None, environ: Mapping[str, str] = os.environ) -> int | None:

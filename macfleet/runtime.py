@@ -28,14 +28,14 @@ import zmq
 from macfleet import backends, errorfile, hostops, knobs, protocol, segments
 from macfleet.arguments import check_all_gather, check_all_reduce, check_broadcast
 from macfleet.collectives import LEFT, Collectives, error_line
-from macfleet.ring_algorithms import SMALL_BYTES, ZERO_COPY_BYTES
+from macfleet.commands import starts_script
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv
 from macfleet.errors import ConfigError, MacfleetError, ProtocolError, RendezvousError
 from macfleet.history import History
+from macfleet.ring_algorithms import SMALL_BYTES, ZERO_COPY_BYTES
 from macfleet.shm import GATHER_BYTES, LocalGroup, default_slot_bytes
 from macfleet.transport import Liveness, Ring
-from macfleet.workers.dumps import starts_script
 
 DEFAULT_TIMEOUT_S = 600.0  # MACFLEET_TIMEOUT
 MAX_FRAME_BYTES = 8 << 20  # the largest chunk a peer may send (MAXMSGSIZE on data sockets)

@@ -1007,13 +1007,42 @@ def test_an_exit_of_any_size_fits_one_control_message() -> None:
         assert fitted.tail and fitted.tail[-1].endswith(" END")
 
 
+def test_the_layers_import_one_another_as_the_design_says() -> None:
+    """DESIGN.md section 1: the launcher and the workers may import the library, which imports
+    neither, and they never import each other. The library's runtime imported the workers'
+    stack dumps, the bench's rank side the launcher's size parser, and the launcher the
+    workers' command lines. And the launcher and the agent start without torch (seconds of every
+    start on a cold Mac)."""
+    import ast
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    banned = {"macfleet": ("macfleet.launcher", "macfleet.workers"), "launcher": ("macfleet.workers",),
+              "workers": ("macfleet.launcher",)}
+    found = []
+    for folder, prefixes in banned.items():
+        for name in sorted(os.listdir(os.path.join(root, folder))):
+            if not name.endswith(".py"):
+                continue
+            with open(os.path.join(root, folder, name)) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                found += [f"{folder}/{name} imports {m}" for m in modules if m.startswith(prefixes)]
+    assert found == []
+    out = subprocess.run([sys.executable, "-c", "import sys, macfleet.launcher.cli, macfleet.workers.agent; "
+                          "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_knobs_are_checked_and_named() -> None:
     """int() of MACFLEET_STREAMS=abc was a ValueError from every rank, MACFLEET_STREAMS=0 meant
     the default, a negative MACFLEET_TIMEOUT no wait at all, MACFLEET_SHM=yes on."""
     from macfleet import knobs
 
-    bad = {"MACFLEET_STREAMS": "0", "MACFLEET_TIMEOUT": "-1", "MACFLEET_SHM": "yes", "MACFLEET_CHUNK_BYTES": "4M",
-           "MACFLEET_CONNECT_TIMEOUT": "nan"}
+    bad = {"MACFLEET_STREAMS": "0", "MACFLEET_TIMEOUT": "-1", "MACFLEET_SHM": "yes", "MACFLEET_CHUNK_BYTES": "4X",
+           "MACFLEET_CONNECT_TIMEOUT": "nan", "MACFLEET_SHM_SLOT_BYTES": "-4K"}
     found = knobs.problems(bad)
     assert len(found) == len(bad) and all(any(name in f for f in found) for name in bad), found
     good = {"MACFLEET_STREAMS": "2", "MACFLEET_TIMEOUT": "0.5", "MACFLEET_SHM": "0", "MACFLEET_CHUNK_BYTES": "4096",
@@ -1021,6 +1050,9 @@ def test_knobs_are_checked_and_named() -> None:
     assert knobs.problems(good) == []
     assert knobs.count("MACFLEET_STREAMS", None, good) == 2 and knobs.seconds("MACFLEET_TIMEOUT", 9, good) == 0.5
     assert knobs.switch("MACFLEET_SHM", True, good) is False and knobs.seconds("MACFLEET_RENDEZVOUS_TIMEOUT", 9, good) == 9
+    # sizes as the README gives them, and as macfleet bench --sizes takes them
+    assert [knobs.nbytes("MACFLEET_CHUNK_BYTES", 1, {"MACFLEET_CHUNK_BYTES": v}) for v in ("4M", "64K", "1.5MiB")] == \
+        [4 << 20, 64 << 10, 3 << 19]
 
 
 def test_a_faulthandler_dump_is_tidied_like_a_traceback(tmp_path) -> None:

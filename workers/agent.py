@@ -33,10 +33,11 @@ from typing import IO
 import zmq
 
 from macfleet import netaddr, openfiles, protocol, segments
+from macfleet.commands import module_command
 from macfleet.control import ControlClient
 from macfleet.lines import WholeLines, ends_line, forward_nowhere, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
-from macfleet.workers import dumps, module_command
+from macfleet.workers import dumps
 from macfleet.workers.awake import keep_awake, let_sleep
 
 TAIL_LINES = 40

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import macfleet
-from macfleet.launcher.bench import parse_size
+from macfleet.knobs import parse_size
 from macfleet.runtime import host_tensor, report, runtime
 
 BLOCK = 8  # timed calls of one library before the other's turn

@@ -19,14 +19,15 @@ import signal
 from typing import IO
 
 import macfleet
+from macfleet.commands import starter, starts_script
 
 DUMP_SIGNAL = getattr(signal, "SIGUSR2", None)  # None where there is none (Windows): no dumps
 MAX_BYTES = 12 << 10  # a control message's header holds 16 KiB
 _FRAME = re.compile(r'^\s*File "(?P<path>.*)", line (?P<line>\d+) in (?P<name>.*)$')
-_BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
 _LIBRARY = os.path.dirname(os.path.abspath(macfleet.__file__)) + os.sep
 _STDLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 _kept: list[IO[str]] = []  # the armed file stays open for the process's life
+starter(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py"))  # its frames are not the script's
 
 
 def arm(path: str) -> None:
@@ -77,9 +78,3 @@ def _ours_or_stdlib(path: str) -> bool:
     return path.startswith(_LIBRARY) or (path.startswith(_STDLIB) and "site-packages" not in path
                                          and "dist-packages" not in path)
 
-
-def starts_script(path: str) -> bool:
-    """Whether a frame in file ``path`` is of what starts the script (the ``-c`` line of
-    ``module_command``, runpy, the bootstrap), not of the script: stack reports leave them out."""
-    return path in ("<frozen runpy>", "<string>") or os.path.basename(path) == "runpy.py" or \
-        os.path.abspath(path) == _BOOTSTRAP
