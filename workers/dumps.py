@@ -77,4 +77,3 @@ def _ours_or_stdlib(path: str) -> bool:
     """A frame of macfleet or of Python's own library (not of the packages installed in it)."""
     return path.startswith(_LIBRARY) or (path.startswith(_STDLIB) and "site-packages" not in path
                                          and "dist-packages" not in path)
-
