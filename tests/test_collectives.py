@@ -74,6 +74,7 @@ PATHS = {
     "w1": (1, {}),
     "w2-default": (2, {}),
     "w2-tcp": (2, TCP),  # a pair: each adds the other's tensor into its own (one pass up to 4 MiB)
+    "w2-tcp-tiny-chunks": (2, {**TCP, "MACFLEET_CHUNK_BYTES": "1000"}),  # the pair's tensor in many pieces
     # segments as POSIX shared-memory objects, as on macOS (macfleet.segments)
     "w3-shm-tiny-slots": (3, {"MACFLEET_SHM_SLOT_BYTES": "4096", "MACFLEET_SMALL_BYTES": "256",
                               "MACFLEET_SHM_GATHER_BYTES": "64", "MACFLEET_SHM_OBJECTS": "1"}),
