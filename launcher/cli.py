@@ -215,15 +215,11 @@ def in_home(path: str | None) -> bool:
 
 
 # Other launchers' options for what ``--nproc`` and ``--hosts`` say, as their users type them
-# from habit: the option's meaning here, and whose it is.
+# from habit (torchrun's with ``_`` or ``-`` alike): whose each is, and what does its job here.
 OTHER_LAUNCHERS = {
-    "--nproc_per_node": ("torchrun's", "macfleet's is --nproc"),
     "--nproc-per-node": ("torchrun's", "macfleet's is --nproc"),
     "--nnodes": ("torchrun's", "macfleet's --hosts lists every host with its processes: --hosts mac1:2,mac2:2"),
-    "--node_rank": ("torchrun's", "macfleet needs none: the launcher starts every host of --hosts itself, over ssh"),
     "--node-rank": ("torchrun's", "macfleet needs none: the launcher starts every host of --hosts itself, over ssh"),
-    "--master_addr": ("torchrun's", "macfleet needs none: the launching Mac coordinates the job "
-                      "(--data-addr picks the address that training data goes over)"),
     "--master-addr": ("torchrun's", "macfleet needs none: the launching Mac coordinates the job "
                       "(--data-addr picks the address that training data goes over)"),
     "-np": ("horovodrun's and mpirun's", "macfleet's is --nproc (processes on this Mac) or --hosts mac1:2,mac2:2"),
@@ -241,8 +237,9 @@ def _no_such_option(given: str) -> NoReturn:
     and for another launcher's option, which of ours does its job."""
     ctx = click.get_current_context()
     name = given.split("=", 1)[0]
-    if name in OTHER_LAUNCHERS:
-        whose, ours = OTHER_LAUNCHERS[name]
+    other = OTHER_LAUNCHERS.get(name.replace("_", "-"))
+    if other is not None:
+        whose, ours = other
         raise click.NoSuchOption(name, message=f"No such option: {name} (that is {whose}; {ours})",
                                  ctx=ctx)
     known = [opt for param in ctx.command.params for opt in param.opts if opt.startswith("-")]

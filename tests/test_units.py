@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gzip
 import json
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any, Iterator
 
 import msgpack
 import pytest
@@ -853,26 +855,42 @@ def test_the_root_cause_is_the_first_failure_to_arrive_whatever_the_hosts_clocks
         ctx.destroy(linger=0)
 
 
+@contextlib.contextmanager
+def _registered_ranks(world: int, stall_timeout_s: float = 1.0) -> Iterator[tuple[Any, list[Any], list[str]]]:
+    """A coordinator (aborting stalls after ``stall_timeout_s``) on real control sockets, and a
+    registered control client for each of ``world`` ranks on hosts ``mac{r}``: (coordinator,
+    clients, the coordinator's log). Everything is closed after the block."""
+    import zmq
+
+    from macfleet.control import ControlClient
+    from macfleet.launcher.coordinator import Coordinator
+    from macfleet.protocol import REGISTER
+
+    ctx = zmq.Context()
+    secret, logged = os.urandom(32), []
+    coord = Coordinator(ctx, ["127.0.0.1"], secret, "job", world_size=world, num_agents=1,
+                        stall_timeout_s=stall_timeout_s, log=logged.append)
+    ranks = [ControlClient(ctx, coord.endpoints["127.0.0.1"], secret, "job", f"rank-{r}") for r in range(world)]
+    try:
+        for r, client in enumerate(ranks):
+            client.send(REGISTER, rank=r, endpoints={}, host=f"mac{r}", local_rank=0)
+        yield coord, ranks, logged
+    finally:
+        for client in ranks:
+            client.close()
+        coord.close()
+        ctx.destroy(linger=0)
+
+
 def _stall_log(waits: list[tuple[int, float] | None], seconds: float, stall_timeout_s: float = 1.0,
                beats: list[dict] | None = None) -> tuple[list[str], object]:
     """A coordinator (stall timeout 1 s unless given, aborting) and ranks that beat every 0.2 s
     for ``seconds`` or until a stall is logged or the job aborted: rank r in all-reduce op
     ``waits[r][0]`` for ``waits[r][1]`` s at line 10 + r, or out of any collective (None), with
     ``beats[r]`` in its beats too. Returns the log and the abort."""
-    import zmq
+    from macfleet.protocol import BEAT
 
-    from macfleet.control import ControlClient
-    from macfleet.launcher.coordinator import Coordinator
-    from macfleet.protocol import BEAT, REGISTER
-
-    ctx = zmq.Context()
-    secret, logged = os.urandom(32), []
-    coord = Coordinator(ctx, ["127.0.0.1"], secret, "job", world_size=len(waits), num_agents=1,
-                        stall_timeout_s=stall_timeout_s, log=logged.append)
-    ranks = [ControlClient(ctx, coord.endpoints["127.0.0.1"], secret, "job", f"rank-{r}") for r in range(len(waits))]
-    try:
-        for r, client in enumerate(ranks):
-            client.send(REGISTER, rank=r, endpoints={}, host=f"mac{r}", local_rank=0)
+    with _registered_ranks(len(waits), stall_timeout_s) as (coord, ranks, logged):
         deadline = time.monotonic() + seconds
         while not any("stall:" in line for line in logged) and coord.aborted is None and time.monotonic() < deadline:
             for r, (client, wait) in enumerate(zip(ranks, waits)):  # nothing has arrived for 9 s
@@ -880,11 +898,6 @@ def _stall_log(waits: list[tuple[int, float] | None], seconds: float, stall_time
                 client.send(BEAT, progress=4, quiet_s=9.0, waiting=site, **(beats[r] if beats else {}))
             coord.poll(0.2)
         return logged, coord.aborted
-    finally:
-        for client in ranks:
-            client.close()
-        coord.close()
-        ctx.destroy(linger=0)
 
 
 def test_a_stall_names_only_the_rank_out_of_the_collective_not_one_that_just_joined_it() -> None:
@@ -913,40 +926,23 @@ def test_a_late_beat_from_a_rank_that_receives_data_does_not_make_its_source_a_s
     "made no progress" (a flake of the slow-link test in a loaded run). What the last beat said
     stands until the next one: once that says nothing has arrived for over the stall timeout,
     rank 0 is named."""
-    import zmq
+    from macfleet.protocol import BEAT, HEARTBEAT_S
 
-    from macfleet.control import ControlClient
-    from macfleet.launcher.coordinator import Coordinator
-    from macfleet.protocol import BEAT, HEARTBEAT_S, REGISTER
+    with _registered_ranks(2) as (coord, ranks, logged):
+        def receiving(quiet_s: float, for_s: float) -> None:
+            ranks[1].send(BEAT, progress=1, quiet_s=quiet_s, waiting={"op": "broadcast", "id": 2, "for_s": for_s})
 
-    ctx = zmq.Context()
-    secret, logged = os.urandom(32), []
-    coord = Coordinator(ctx, ["127.0.0.1"], secret, "job", world_size=2, num_agents=1, stall_timeout_s=1.0,
-                        log=logged.append)
-    ranks = [ControlClient(ctx, coord.endpoints["127.0.0.1"], secret, "job", f"rank-{r}") for r in range(2)]
+        def beats_until(ends: float) -> None:
+            while not any("stall:" in line for line in logged) and time.monotonic() < ends:
+                ranks[0].send(BEAT, progress=2, quiet_s=9.0, waiting=None)  # rank 0 beats on time
+                coord.poll(0.2)
 
-    def receiving(quiet_s: float, for_s: float) -> None:
-        ranks[1].send(BEAT, progress=1, quiet_s=quiet_s, waiting={"op": "broadcast", "id": 2, "for_s": for_s})
-
-    def beats_until(ends: float) -> None:
-        while not any("stall:" in line for line in logged) and time.monotonic() < ends:
-            ranks[0].send(BEAT, progress=2, quiet_s=9.0, waiting=None)  # rank 0 beats on time
-            coord.poll(0.2)
-
-    try:
-        for r, client in enumerate(ranks):
-            client.send(REGISTER, rank=r, endpoints={}, host=f"mac{r}", local_rank=0)
         receiving(0.1, 1.5)
         beats_until(time.monotonic() + 3 * HEARTBEAT_S)  # rank 1's beat is three beats old at the end
         assert not any("stall:" in line for line in logged) and coord.aborted is None, logged
         receiving(2.0, 4.5)  # nothing has come for 2 s: the broadcast is stuck
         beats_until(time.monotonic() + 10)
         assert any("stall: rank 0 (mac0) made no progress" in line for line in logged), logged
-    finally:
-        for client in ranks:
-            client.close()
-        coord.close()
-        ctx.destroy(linger=0)
 
 
 def test_ranks_waiting_in_different_collectives_with_nothing_arriving_are_named_by_the_stall_report() -> None:
