@@ -450,13 +450,19 @@ class LocalGroup:
             self._reduce_rows(self.slots(buf, out.dtype)[:, :n], result.unsqueeze(0), (a, b), op, divide_by)
             return
         rows = [self.slot(buf, j, out.dtype, n)[a:b] for j in range(self.size)]
-        if direct:
-            rows[self.index] = src[start + a:start + b]
-        _combine(rows, result[a:b], op)
+        if not direct:
+            _combine(rows, result[a:b], op)
+            if divide_by != 1:
+                result[a:b].div_(divide_by)
+            return
+        # Into our own output first, from our own row: where ``out`` is ``src`` the sum is
+        # written over what was just read (no line fetched for writing alone), and the copy
+        # into the result slot reads it back from cache.
+        mine = out[start + a:start + b]
+        _combine([src[start + a:start + b]] + rows[:self.index] + rows[self.index + 1:], mine, op)
         if divide_by != 1:
-            result[a:b].div_(divide_by)
-        if direct:
-            out[start + a:start + b].copy_(result[a:b])
+            mine.div_(divide_by)
+        result[a:b].copy_(mine)
 
     def _reduce_rows(self, inputs: torch.Tensor, outputs: torch.Tensor, share: tuple[int, int], op: str,
                      divide_by: int) -> None:
