@@ -43,6 +43,7 @@ def format_table(result: dict[str, Any]) -> str:
         by_size.setdefault(row["bytes"], {})[row["library"]] = row
     header = (f"all-reduce, {result['world']} ranks, {result['dtype']} "
               f"(streams {result.get('streams')}, shared memory {'on' if result.get('shm') != '0' else 'off'}"
+              f"{', slots of ' + human(result['slot_bytes']) if result.get('slot_bytes') else ''}"
               f"{', tensors in shared memory' if result.get('shared_tensors') else ''})")
     gloo = any(row["library"] == "gloo" for row in rows)
     lines = [header, f"{'size':>6} | {'macfleet':>10} {'algorithm':<24} {'busbw GB/s':>10}"

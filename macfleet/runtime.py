@@ -34,7 +34,7 @@ from macfleet.env import WorkerEnv
 from macfleet.errors import ConfigError, MacfleetError, ProtocolError, RendezvousError
 from macfleet.history import History
 from macfleet.ring_algorithms import SMALL_BYTES, ZERO_COPY_BYTES
-from macfleet.shm import GATHER_BYTES, LocalGroup, default_slot_bytes
+from macfleet.shm import GATHER_BYTES, LocalGroup, default_slot_bytes, shared_cache_bytes
 from macfleet.transport import Liveness, Ring
 
 DEFAULT_TIMEOUT_S = 600.0  # MACFLEET_TIMEOUT
@@ -126,10 +126,10 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
             ring = Ring(data_ctx, env.rank, list(env.data_addrs), streams, MAX_FRAME_BYTES, env.secret, env.job_id,
                         liveness, timeout_s)
         if shared_memory and env.local_world_size > 1:
+            slot_bytes = knobs.nbytes("MACFLEET_SHM_SLOT_BYTES", default_slot_bytes(
+                env.local_world_size, shared_cache_bytes(), os.cpu_count()))  # the same on every rank of a host
             local = LocalGroup(shm_dir or "", env.job_id, env.rank - env.local_rank, env.local_world_size,
-                               env.local_rank, knobs.nbytes("MACFLEET_SHM_SLOT_BYTES",
-                                                          default_slot_bytes(env.local_world_size)),
-                               liveness, timeout_s, objects=segments.use_objects(),
+                               env.local_rank, slot_bytes, liveness, timeout_s, objects=segments.use_objects(),
                                gather_bytes=knobs.nbytes("MACFLEET_SHM_GATHER_BYTES", GATHER_BYTES))
         if shared_memory and multi_host and env.local_rank == 0:
             leaders = Ring(data_ctx, env.rank, list(env.data_addrs), streams, MAX_FRAME_BYTES, env.secret, env.job_id,

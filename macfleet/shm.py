@@ -24,17 +24,20 @@ exits, however it exits.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import threading
 import time
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from macfleet.doorbells import Doorbells
 from macfleet.errors import CollectiveTimeout, ConfigError, ProtocolError
+from macfleet.knobs import parse_size
 from macfleet.segments import PREFIX, Segments
 from macfleet.transport import Liveness
 
@@ -585,11 +588,43 @@ def _map(fd: int, nbytes: int) -> mmap.mmap:
         os.close(fd)
 
 
-def default_slot_bytes(ranks: int) -> int:
-    """Shared memory per rank and round. Measured (benchmarks/device_run.sh slots, 16 cores):
-    16 MiB is best up to 4 ranks, where fewer rounds matter most; from 8 ranks on, 4 MiB keeps
-    the segment (two buffers of ranks + 1 slots) in cache and was 1.3x faster at 256 MiB."""
-    return (16 << 20) if ranks <= 4 else (4 << 20)
+def default_slot_bytes(ranks: int, cache_bytes: int | None = None, cores: int | None = None) -> int:
+    """Shared memory per rank and round: as large as the host's shared cache leaves room for.
+
+    A slot is written by one rank and read by the others within a round or two, so while the
+    segment (two buffers of ``ranks`` + 1 slots) stays in the cache the cores share
+    (``cache_bytes``), its bytes never go to memory: only the tensors do. The slot is the power
+    of two nearest to what puts the segment in half that cache. It is at most what was
+    measured best where the cache holds any segment (benchmarks/device_run.sh slots, 16 cores,
+    300 MiB L3): 16 MiB up to 4 ranks, where fewer rounds matter most, and 4 MiB from 8 on
+    (1.3x faster than 16 at 256 MiB). And it is at least 1 MiB per core of the rank's share of
+    ``cores``: each round's torch calls wake the rank's OpenMP team (150-200 us a round at 8
+    threads there), so a rank of many threads needs rounds long enough to pay for them. On
+    the project's 2-core machine (32 MiB L3, one thread a rank) 2 MiB slots took 64 MiB in
+    11-17 ms against 18-22 ms with 16 MiB, and 1 MiB and 512 KiB were slower again
+    (benchmarks/results/2026-11-27-session44). Where the cache is not known, the largest."""
+    largest = (16 << 20) if ranks <= 4 else (4 << 20)
+    if not cache_bytes:
+        return largest
+    nearest = 1 << max(0, round(math.log2(cache_bytes / (4 * (ranks + 1)))))
+    least = (1 << 20) * max(1, (cores or 1) // ranks)
+    return min(largest, max(least, nearest))
+
+
+def shared_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The largest cache that several cores share, as Linux describes it (the L3 of an x86
+    machine), or None where nothing says (macOS: Apple silicon's L2 belongs to one cluster of
+    cores, and the system-level cache that all share is not reported)."""
+    largest = None
+    for index in Path(root).glob("index*"):
+        try:
+            kind, shared, size = ((index / name).read_text().strip() for name in ("type", "shared_cpu_list", "size"))
+            nbytes = parse_size(size)
+        except (OSError, ValueError):
+            continue
+        if kind != "Instruction" and any(c in shared for c in ",-") and nbytes > (largest or 0):
+            largest = nbytes
+    return largest
 
 
 def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:

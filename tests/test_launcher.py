@@ -298,13 +298,15 @@ def test_bench_allreduce_refuses_what_it_cannot_measure() -> None:
 def test_bench_allreduce_reduces_shared_tensors_in_place_and_small_ones_after_one_barrier(tmp_path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "bench", "allreduce", "--nproc", "3", "--sizes",
-                           "4K,1M", "--budget", "0.05", "--shared-tensors", "--json", str(out)],
+                           "4K,1M", "--budget", "0.05", "--shared-tensors", "--json", str(out),
+                           "--env", "MACFLEET_SHM_SLOT_BYTES=64K"],  # the 1M tensor in pieces of one slot
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr  # every result was checked against the exact sum
-    rows = json.loads(out.read_text())["rows"]
-    assert {(r["bytes"], r["algorithm"]) for r in rows if r["library"] == "macfleet"} == {
+    result = json.loads(out.read_text())
+    assert {(r["bytes"], r["algorithm"]) for r in result["rows"] if r["library"] == "macfleet"} == {
         (4096, "shared memory, one barrier"), (1 << 20, "shared memory, in place")}
     assert "tensors in shared memory" in proc.stdout
+    assert result["slot_bytes"] == 64 << 10 and "shared memory on, slots of 64K" in proc.stdout, proc.stdout
 
 
 def test_a_data_address_that_is_not_this_machine_s_is_named_not_a_traceback(tmp_path) -> None:

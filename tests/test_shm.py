@@ -356,3 +356,39 @@ def test_an_object_a_crash_left_is_released_with_its_directory(tmp_path) -> None
         assert os.listdir(tmp_path) == []
     finally:
         os.remove(in_dev_shm)
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4, 8])
+def test_slots_fit_the_shared_cache_within_the_measured_bounds(ranks: int) -> None:
+    """The slot is a power of two that puts the segment (two buffers of ranks + 1 slots) in
+    about half the shared cache, never above the size measured best where the cache holds any
+    segment (16 MiB up to 4 ranks, 4 MiB beyond), nor under 1 MiB per core of a rank's share."""
+    MiB = 1 << 20
+    largest = 16 * MiB if ranks <= 4 else 4 * MiB
+    assert shm.default_slot_bytes(ranks) == largest  # nothing known of the cache
+    assert shm.default_slot_bytes(ranks, 4 * 2 * (ranks + 1) * largest, 2) == largest  # room for any segment
+    for cache in (8 * MiB, 12 * MiB, 32 * MiB, 48 * MiB):
+        slot = shm.default_slot_bytes(ranks, cache, ranks)  # one core a rank
+        assert slot & (slot - 1) == 0 and MiB <= slot <= largest
+        if MiB < slot < largest:
+            assert cache / 2 / 2 ** 0.5 <= 2 * (ranks + 1) * slot <= cache / 2 * 2 ** 0.5, (cache, slot)
+        many = shm.default_slot_bytes(ranks, cache, 16 * ranks)  # 16 cores a rank: rounds of 16 MiB at least
+        assert many == largest
+
+
+def test_the_shared_cache_is_the_largest_that_several_cores_share(tmp_path) -> None:
+    """Read from a tree laid out as Linux's /sys/devices/system/cpu/cpu0/cache: a core's own
+    caches and instruction caches are not shared data; an unreadable entry is skipped."""
+    def cache(name: str, kind: str, shared: str, size: str) -> None:
+        (tmp_path / name).mkdir()
+        for field, value in (("type", kind), ("shared_cpu_list", shared), ("size", size)):
+            (tmp_path / name / field).write_text(value + "\n")
+
+    assert shm.shared_cache_bytes(str(tmp_path)) is None
+    cache("index0", "Data", "0", "48K")
+    cache("index1", "Instruction", "0-3", "64M")
+    cache("index2", "Unified", "0", "2048K")
+    assert shm.shared_cache_bytes(str(tmp_path)) is None  # nothing shared
+    cache("index3", "Unified", "0-15", "307200K")
+    cache("index4", "Unified", "0,8", "garbage")
+    assert shm.shared_cache_bytes(str(tmp_path)) == 300 << 20

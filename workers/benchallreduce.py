@@ -112,8 +112,10 @@ def main() -> None:
             print(f"{text.strip()}: " + ", ".join(f"{name} {seconds * 1e3:.3f} ms" for (name, _), (seconds, _)
                                                   in zip(libraries, results)), file=sys.stderr, flush=True)
     if rank == 0:
+        local = runtime().collectives.local  # this host's shared memory, if its ranks share it
         report({"world": world, "dtype": args.dtype, "rows": rows, "shared_tensors": args.shared_tensors,
-                "streams": os.environ.get("MACFLEET_STREAMS", "auto"), "shm": os.environ.get("MACFLEET_SHM", "1")})
+                "streams": os.environ.get("MACFLEET_STREAMS", "auto"), "shm": os.environ.get("MACFLEET_SHM", "1"),
+                "slot_bytes": local.slot_bytes if local is not None else None})
     macfleet.barrier()
     if not args.no_gloo:
         dist.destroy_process_group()
