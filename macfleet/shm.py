@@ -161,14 +161,29 @@ class LocalGroup:
 
     def attach(self) -> None:
         """Map the segment (every rank has registered, so the leader has created it)."""
-        self._mmap = _map(self._fd if self._fd >= 0 else self.segments.open(self.name), self._total)
+        try:
+            self._mmap = _map(self._fd if self._fd >= 0 else self.segments.open(self.name), self._total)
+        except ValueError:  # Python's mmap refuses to map past the end of the file
+            raise ConfigError(self._layout_differs(f"slots of {self.slot_bytes} bytes (rank {self.base + self.index}) "
+                                                   f"that do not fit the segment rank {self.base} made")) from None
         self._counters = memoryview(self._mmap)[:self._control].cast("q")
         self.raw = torch.frombuffer(self._mmap, dtype=torch.uint8, offset=self._control)
         self._bells.open()
+        self._counters[self.index * LINE + NUMEL] = self.slot_bytes  # unused until the first shared tensor
         self.barrier()
         self._bells.unlink()  # every rank has opened every FIFO
+        slots = [self._counters[i * LINE + NUMEL] for i in range(self.size)]
+        if len(set(slots)) > 1:  # slots at different offsets: every result would be garbage
+            raise ConfigError(self._layout_differs(
+                "slots of " + ", ".join(f"{n} bytes (rank {self.base + i})" for i, n in enumerate(slots))))
+        self.barrier()  # every rank has read the slots before a shared tensor's length is written there
         if self.index == 0:  # everyone has it mapped: from now on only the mappings keep it alive
             self.segments.unlink(self.name)
+
+    @staticmethod
+    def _layout_differs(what: str) -> str:
+        return (f"the ranks of this host lay out their shared memory differently: {what}. "
+                f"MACFLEET_SHM_SLOT_BYTES must be the same for every rank of a host")
 
     # -- signalling -------------------------------------------------------------------------
     def barrier(self) -> None:

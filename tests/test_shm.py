@@ -392,3 +392,27 @@ def test_the_shared_cache_is_the_largest_that_several_cores_share(tmp_path) -> N
     cache("index3", "Unified", "0-15", "307200K")
     cache("index4", "Unified", "0,8", "garbage")
     assert shm.shared_cache_bytes(str(tmp_path)) == 300 << 20
+
+
+def test_ranks_of_one_host_with_different_slots_are_stopped_before_any_collective(tmp_path) -> None:
+    """Their slots would lie at different offsets of the segment: every rank reads its slot
+    size from the same place (the knob, or the cache it finds), and if they ever differ, every
+    rank stops at attach with a message naming both, instead of reducing garbage."""
+    liveness = Liveness()
+    groups = [LocalGroup(str(tmp_path), "job", 0, 2, i, 8192 // (i + 1), liveness, 10.0) for i in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        errors = [f.exception(timeout=30) for f in [pool.submit(g.attach) for g in groups]]
+    try:
+        for error in errors:
+            assert isinstance(error, ConfigError), error
+            assert "slots of 8192 bytes (rank 0), 4096 bytes (rank 1)" in str(error)
+            assert "MACFLEET_SHM_SLOT_BYTES must be the same" in str(error)
+    finally:
+        close_all(groups)
+    # larger slots than the segment holds: that rank stops as it maps it (the others wait for it
+    # at the barrier, where the launcher's abort ends their wait)
+    leader = LocalGroup(str(tmp_path), "job2", 4, 2, 0, 4096, liveness, 10.0)
+    late = LocalGroup(str(tmp_path), "job2", 4, 2, 1, 8192, liveness, 10.0)
+    with pytest.raises(ConfigError, match=r"slots of 8192 bytes \(rank 5\) that do not fit the segment rank 4 made"):
+        late.attach()
+    close_all([leader, late])
