@@ -1,5 +1,5 @@
 """Memory bandwidth of one thread copying 256 MiB (read + write counted), in N processes at once."""
-import os, sys, time
+import os, time
 import torch
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-import time, sys, collections, os
+import time, sys, collections
 import torch
 import macfleet
 from macfleet import shm
