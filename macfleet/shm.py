@@ -453,11 +453,11 @@ class LocalGroup:
 
     def _reduce_share(self, round_: int, src: torch.Tensor, out: torch.Tensor, span: tuple[int, int], op: str,
                       divide_by: int, direct: bool) -> None:
-        """Reduce this rank's share of the round across every rank into the result slot (and,
-        when ``direct``, from ``src`` into ``out`` as well). A large share takes one torch call
-        per rank's row, in rank order (the own row may be in ``src``, outside the segment), and
-        never calls on pieces of it: each call wakes the rank's OpenMP team, which cost more
-        than cache misses on 16 cores (benchmarks/results/2026-11-22-session8)."""
+        """Reduce this rank's share of the round across every rank into the result slot (when
+        ``direct``, into ``out`` first, from ``src``). A large share takes one torch call per
+        rank's row, in rank order (when ``direct`` the own row first: it is in ``src``, outside
+        the segment), and never calls on pieces of it: each call wakes the rank's OpenMP team,
+        which cost more than cache misses on 16 cores (benchmarks/results/2026-11-22-session8)."""
         start, stop = span
         buf, n = round_ % 2, stop - start
         a, b = self._share(n)
