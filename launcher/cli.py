@@ -164,13 +164,16 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
                    "a restart appends.")
 @click.option("--show-ranks", default=None, metavar="RANKS", show_envvar=True,
               help="Show only these ranks' output on the terminal, e.g. 0 or 0,4-7 (--log-dir keeps every rank's).")
+@click.option("--timeline", type=click.Path(dir_okay=False), default=None, show_envvar=True,
+              help="Write when every rank's collectives, forwards, backwards and waits ran to FILE on this Mac, "
+                   "for https://ui.perfetto.dev or chrome://tracing.")
 @click.option("-m", "--module", is_flag=True, help="SCRIPT is a module, run as python -m runs it (from --cwd).")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, memory_fraction: float | None,
            heartbeat_timeout: float, stall_timeout: float, stall_action: str, max_restarts: int,
-           min_hosts: int | None, allow_version_mismatch: bool, log_dir: str | None, show_ranks: str | None, module: bool,
-           **hosts: Any) -> None:
+           min_hosts: int | None, allow_version_mismatch: bool, log_dir: str | None, show_ranks: str | None,
+           timeline: str | None, module: bool, **hosts: Any) -> None:
     """Run SCRIPT [ARGS]... as one data-parallel job.
 
     \b
@@ -206,6 +209,12 @@ def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, me
             raise click.BadParameter(f"cannot make {directory}: {exc.strerror}", param_hint="--log-dir") from None
         if not os.access(directory, os.W_OK):
             raise click.BadParameter(f"cannot write in {directory}", param_hint="--log-dir")
+    if timeline is not None:
+        try:
+            open(timeline, "a").close()  # before any host starts: the file is written as the job runs
+        except OSError as exc:
+            raise click.BadParameter(f"cannot write {timeline}: {exc.strerror}", param_hint="--timeline") from None
+        cfg.timeline = timeline
     sys.exit(run_with_restarts(cfg, max_restarts))
 
 

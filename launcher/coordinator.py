@@ -15,6 +15,7 @@ from typing import Any, Callable
 import zmq
 
 from macfleet import netaddr, protocol, wire
+from macfleet.launcher.tracefile import TraceFile
 from macfleet.protocol import WorkerExit
 
 
@@ -58,8 +59,10 @@ class Peer:
 class Coordinator:
     def __init__(self, ctx: zmq.Context, bind_addrs: list[str], secret: bytes, job_id: str, world_size: int,
                  num_agents: int, heartbeat_timeout_s: float = 10.0, stall_timeout_s: float = 60.0,
-                 stall_action: str = "abort", log: Callable[[str], None] = print) -> None:
+                 stall_action: str = "abort", log: Callable[[str], None] = print,
+                 trace: TraceFile | None = None) -> None:
         self.secret, self.job_id = secret, job_id
+        self.trace = trace  # where the ranks' timeline events go (launch --timeline)
         self.stall_timeout_s, self.stall_action, self.log = stall_timeout_s, stall_action, log
         self.status: dict[int, dict[str, Any]] = {}  # rank -> its last heartbeat's progress report
         self._stall_reported: str | None = None
@@ -163,6 +166,7 @@ class Coordinator:
             protocol.BEAT: self._on_beat,
             protocol.REPORT: self._on_report,
             protocol.STACKS: self._on_stacks,
+            protocol.TRACE: self._on_trace,
         }.get(kind)
         if handler is None:
             raise wire.BadMessage(f"unknown kind {kind!r}")
@@ -390,6 +394,12 @@ class Coordinator:
             for failure in self.failures:  # a rank that went silent: the dump comes after the failure
                 if failure.rank == rank and failure.exit is None and not failure.detail:
                     failure.detail = f"rank {rank} was at:\n{text}"
+
+    def _on_trace(self, msg: dict[str, Any], peer: Peer) -> None:
+        sender = str(msg.get("from"))
+        if self.trace is not None and sender.startswith("rank-"):
+            rank = int(sender[5:])
+            self.trace.add(rank, self.hosts.get(rank, "?"), msg.get("events") or (), msg.get("dropped"))
 
     def _on_report(self, msg: dict[str, Any], peer: Peer) -> None:
         rank = msg.get("rank")

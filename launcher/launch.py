@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from macfleet import protocol
+from macfleet import protocol, timeline
 from macfleet.commands import NOT_INSTALLED, module_command
 from macfleet.launcher import cabling
 from macfleet.launcher.coordinator import Coordinator, Failure
@@ -29,6 +29,7 @@ from macfleet.launcher.remote import SshOptions, resolve, ssh_command
 from macfleet.netaddr import CABLE_ADVICE, over_wifi, route_source
 from macfleet.launcher.report import failure_report, facts_table, pace_report, stood_by_report, versions_differ
 from macfleet.launcher.stdin import StdinRelay
+from macfleet.launcher.tracefile import TraceFile
 from macfleet.protocol import AgentSpec
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129, signal.SIGQUIT: 131}
@@ -60,6 +61,7 @@ class LaunchConfig:
     log_dir: str | None = None  # each rank's output also goes to rank-K.log there, on its host
     show_ranks: list[int] | None = None  # only these ranks' output reaches the terminal (None: all)
     min_hosts: int | None = None  # go on without hosts that cannot be reached, while this many remain (None: all)
+    timeline: str | None = None  # the ranks' timeline goes to this file, on this Mac (launch --timeline)
 
     @property
     def world_size(self) -> int:
@@ -183,15 +185,16 @@ def terminal_env() -> dict[str, str]:
     return {"MACFLEET_TERMINAL": f"{size.columns}x{size.lines}"} if size.columns > 0 and size.lines > 0 else {}
 
 
-def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
+def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None, trace: TraceFile | None = None) -> JobOutcome:
     """One attempt of the job; ``stdin``: what to pass on to its ranks' standard input (none for
-    bench and doctor, whose ranks read none)."""
+    bench and doctor, whose ranks read none); ``trace``: where the ranks' timeline goes (none:
+    they record none)."""
     job_id = secrets.token_hex(6)
     secret = secrets.token_bytes(32)
     ctx = zmq.Context()
     data_addrs, control_addrs, binds = plan_addresses(cfg)
     coord = Coordinator(ctx, binds, secret, job_id, cfg.world_size, len(cfg.hosts), cfg.heartbeat_timeout_s,
-                        cfg.stall_timeout_s, cfg.stall_action, log)
+                        cfg.stall_timeout_s, cfg.stall_action, log, trace)
     interrupted: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -215,7 +218,7 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None) -> JobOutcome:
                 rank_base=rank_base, slots=host.slots, world_size=cfg.world_size, script=cfg.script,
                 args=list(cfg.args), device=cfg.device, seed=cfg.seed, memory_fraction=cfg.memory_fraction,
                 cwd=cfg.cwd, python=cfg.python, restart_count=cfg.restart_count,
-                env={**forwarded, **cfg.env, **shares_env(cfg.hosts)},
+                env={**forwarded, **cfg.env, **shares_env(cfg.hosts), **({timeline.ENV: "1"} if trace else {})},
                 grace_s=cfg.grace_s, prefix_host=len(cfg.hosts) > 1, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
                 log_dir=cfg.log_dir, show_ranks=cfg.show_ranks,
                 neighbour_addrs=neighbour_addrs(cfg, index),
@@ -421,9 +424,28 @@ def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
     from its own checkpoint. No restart after Ctrl-C, or when the job never started (a
     configuration problem would only fail again)."""
     stdin = StdinRelay()
+    trace = TraceFile(cfg.timeline) if cfg.timeline else None  # one file for every attempt
+    try:
+        return _run_attempts(cfg, max_restarts, stdin, trace)
+    finally:
+        if trace is not None:
+            trace.close()
+            _say_timeline(trace)
+
+
+def _say_timeline(trace: TraceFile) -> None:
+    ranks = len(trace.ranks)
+    log(f"timeline: {trace.events} events of {ranks} rank{'' if ranks == 1 else 's'} in {trace.path}; "
+        f"open it in https://ui.perfetto.dev or chrome://tracing")
+    if trace.dropped:
+        log(f"timeline: {sum(trace.dropped.values())} events left out (recorded faster than they could be sent) "
+            f"by rank {', '.join(map(str, sorted(trace.dropped)))}")
+
+
+def _run_attempts(cfg: LaunchConfig, max_restarts: int, stdin: StdinRelay, trace: TraceFile | None) -> int:
     for attempt in range(max_restarts + 1):
         cfg.restart_count = attempt
-        outcome, job = run_on_reachable_hosts(cfg, stdin)
+        outcome, job = run_on_reachable_hosts(cfg, stdin, trace)
         if outcome.code == 0:  # a training job's, not bench's or doctor's: their own tables say it
             coord = outcome.coordinator
             for line in pace_report(coord.waits, coord.hosts, job.world_size, coord.speeds, coord.stood_by):
@@ -445,14 +467,15 @@ def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
     return 1
 
 
-def run_on_reachable_hosts(cfg: LaunchConfig, stdin: StdinRelay | None) -> tuple[JobOutcome, LaunchConfig]:
+def run_on_reachable_hosts(cfg: LaunchConfig, stdin: StdinRelay | None,
+                           trace: TraceFile | None = None) -> tuple[JobOutcome, LaunchConfig]:
     """One attempt of the job, and the configuration it ran with. With ``--min-hosts``, hosts
     whose agents cannot be started (a Mac asleep, its lid closed, off the network) are left out
     and the job starts again on the others, as long as that many remain. Each attempt starts
     from every host: a Mac that is back joins at the next restart."""
     job = cfg
     while True:
-        outcome = run_job(job, stdin)
+        outcome = run_job(job, stdin, trace)
         if not outcome.left_out:
             return outcome, job
         gone = [job.hosts[i].name for i in sorted(outcome.left_out)]

@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from macfleet import hostops, protocol
+from macfleet import hostops, protocol, timeline
 from macfleet.arguments import (WIRE_DTYPES, as_numbers, check_all_gather, check_all_reduce, check_broadcast,
                                 made_of_numbers)
 from macfleet.errors import ConfigError, JobAborted, PeerLost, ProtocolError
@@ -116,7 +116,7 @@ class Collectives:
         data = _outside_autograd(tensor)
         work_dtype = WORK_DTYPE.get(tensor.dtype, tensor.dtype)
         numel = tensor.numel()
-        with self._collective("all_reduce", numel * work_dtype.itemsize, tensor, op) as op_id:
+        with self._collective("all_reduce", numel * work_dtype.itemsize, tensor, op, name=name) as op_id:
             if numel == 0:
                 return tensor
             # A contiguous host tensor already in the working dtype is reduced in its own memory;
@@ -177,7 +177,8 @@ class Collectives:
             self.broadcast(as_numbers(tensor, name)[0], src, name)
             return tensor
         data = _outside_autograd(tensor)
-        with self._collective("broadcast", tensor.numel() * tensor.element_size(), tensor, root=src) as op_id:
+        with self._collective("broadcast", tensor.numel() * tensor.element_size(), tensor, root=src,
+                              name=name) as op_id:
             if tensor.numel() == 0:
                 return tensor
             work, raw = self._host.get("broadcast", tensor.numel(), tensor.dtype)
@@ -200,7 +201,8 @@ class Collectives:
             gathered = self.all_gather(as_numbers(tensor, name)[0], name)
             return gathered.view(torch.bool) if tensor.dtype == torch.bool else torch.view_as_complex(gathered)
         out = torch.empty((self.world, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
-        with self._collective("all_gather", self.world * tensor.numel() * tensor.element_size(), tensor) as op_id:
+        with self._collective("all_gather", self.world * tensor.numel() * tensor.element_size(), tensor,
+                              name=name) as op_id:
             if tensor.numel() == 0:
                 return out
             blocks, raw = self._host.get("gather", self.world * tensor.numel(), tensor.dtype)
@@ -366,11 +368,12 @@ class Collectives:
 
     @contextmanager
     def _collective(self, kind: str, nbytes: int, tensor: torch.Tensor, reduce_op: str = "",
-                    root: int = -1) -> Iterator[int]:
+                    root: int = -1, name: str = "") -> Iterator[int]:
         """One collective at a time, in issue order; what we are in is visible to the heartbeat
         (the coordinator's stall report names who waits on whom) and to this host's other ranks
         (``LocalGroup.announce``: ranks in different collectives fail instead of mixing bytes).
-        A small one (``nbytes``) does its arithmetic on this thread alone."""
+        A small one (``nbytes``) does its arithmetic on this thread alone. With the timeline on,
+        it is an event there, ``name`` (the tensor's) in its title."""
         if self.broken is not None:
             self.broken["went_on"] = True  # the launcher stops the ranks that wait in it (its next beat)
             raise ProtocolError(
@@ -380,6 +383,8 @@ class Collectives:
         self._after_the_buckets()
         self._enter(kind)
         since = self._start_waiting()  # inline, not self.waiting(): a generator costs 1-2 us a collective
+        began = time.time() if timeline.RECORDER.on else 0.0
+        op_id = 0
         try:
             with hostops.threads_for(nbytes, self.inline_bytes):
                 op_id = self.next_op()
@@ -404,6 +409,11 @@ class Collectives:
         finally:
             crossed = self._leave()
             self._stop_waiting(since)
+            if began:
+                args: dict = {"op": op_id, "bytes": nbytes, "by": self._by,
+                              "path": self.last_algorithm if kind == "all_reduce" else ""}
+                timeline.RECORDER.span(f"{kind} {name}" if name else kind, began, time.time(),
+                                       {k: v for k, v in args.items() if v != ""})
         if crossed is not None:  # it ended, but another thread's may have taken its place on other ranks
             raise self._crossing(crossed, kind, op_id)
 

@@ -30,6 +30,8 @@ MACFLEET_DATA_ADDR                 the addresses this host's ring sockets bind t
 MACFLEET_SHARES                    each rank's part of every step, comma-separated (``share=`` in a
                                    hostfile; ``macfleet.shares()``); unset: equal parts
 MACFLEET_HOST                      this host's name in the job (for messages)
+MACFLEET_TIMELINE                  1 under ``launch --timeline``: the rank records when its
+                                   collectives and DataParallel's steps ran (``macfleet.timeline``)
 MACFLEET_AGENT_PID                 the agent's pid: a worker whose parent is gone stops itself
 MACFLEET_AGENT_FD                  a pipe that only the agent can write to, and never does: at its
                                    EOF the rank's keeper stops the rank's process group

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from macfleet import runtime as rt
+from macfleet import timeline
 from macfleet.arguments import WIRE_DTYPES
 from macfleet.backends import Device
 from macfleet.buckets import Bucket, BucketThread, average, bucket_layout, exchange, stage
@@ -93,6 +94,7 @@ class DataParallel(nn.Module):
         self._seen = -1
         self._queued = False  # a gradient of this backward has come: the step's exchange is under way
         self._finish_queued = False  # the end-of-backward callback is queued on a backward under way
+        self._began = 0.0  # with the timeline on: when this forward, or this backward's first gradient, came
         self._forwards = 0  # training forwards since a backward last reached the outputs (join() allows one)
         self._released = 0  # buckets released for averaging in this step: always a prefix, in index order
         self._comm: BucketThread | None = None
@@ -211,6 +213,8 @@ class DataParallel(nn.Module):
             for t in _tensors(output):
                 if t.requires_grad:
                     t.register_hook(self._on_output_grad)
+        if self._began:
+            timeline.RECORDER.span("forward", self._began, time.time())
         return output
 
     def _on_output_grad(self, grad: torch.Tensor) -> None:
@@ -246,6 +250,7 @@ class DataParallel(nn.Module):
                 f"this DataParallel's parameters were wrapped again by a newer DataParallel (of "
                 f"{self._replaced_by}), which now averages their gradients: train through the newer one")
         self._forwards += 1
+        self._began = time.time() if timeline.RECORDER.on else 0.0
         changed = self.runtime.world_size > 1 and self._stale()
         # inside join(): which ranks train in this step, and which of them the buffers come from
         agreed = None if self._join is None else self._join.agree(self.require_backward_grad_sync, changed)
@@ -343,6 +348,7 @@ class DataParallel(nn.Module):
             return
         if not self._queued:  # first gradient of this backward: arm the step
             self._queued = True
+            self._began = time.time() if timeline.RECORDER.on else 0.0
             self._released = 0
             for bucket in self.buckets:
                 bucket.pending, bucket.done = {id(q) for q in bucket.params}, False
@@ -369,6 +375,9 @@ class DataParallel(nn.Module):
         gradients are ready; where the device takes copies from this thread only, copy it here."""
         device = self.runtime.device
         ready = device.record_event()
+        if timeline.RECORDER.on:
+            timeline.RECORDER.instant(f"gradient bucket {bucket.index} ready", {"bytes": bucket.flat.numel() *
+                                                                                  bucket.flat.element_size()})
         comm.hand_over(bucket, stage(bucket, ready, device) if device.copies_from_training_thread else ready,
                        release, self.compression)
 
@@ -411,7 +420,11 @@ class DataParallel(nn.Module):
             bucket.pending.discard(id(bucket.params[k]))
             if not bucket.pending and comm is not None:
                 self._complete(bucket, comm)
-        started = time.perf_counter()
+        started, (began, self._began) = time.perf_counter(), (self._began, 0.0)
+        if began:  # on the timeline, with this step's bookkeeping; the wait starts here
+            now = time.time()
+            timeline.RECORDER.span("backward (first gradient to last)", began, now)
+            began = now
         self._note_work(started)
         with rt.waiting():  # the time this rank's training loop loses to the exchange and to slower ranks
             by_thread = True  # whether the bucket thread averaged them
@@ -431,6 +444,8 @@ class DataParallel(nn.Module):
                         device.from_host(b.host, b.flat)
         device.staged()  # later device work (optimizer.step) sees the averaged gradients
         ended = time.perf_counter()
+        if began:
+            timeline.RECORDER.span("waiting for gradients", began, time.time())
         self.last_wait_s = ended - started
         self._step_ended = (ended, self._collectives.waited_s)
         self._restore_sparse()

@@ -22,6 +22,8 @@ Flow of one job::
                                       step_s, share, stood_by_s}       DataParallel's work per step, share,
                                                                        time out of batches in join())
     worker -> coordinator   report   {rank, data}                      (measurements, for macfleet doctor)
+    worker -> coordinator   trace    {events, dropped}                 (with launch --timeline: what it
+                                                                       recorded since, ``macfleet.timeline``)
     coord  -> agent         beat     {}                                (every HEARTBEAT_S: the launcher lives)
     coord  -> agent         stdin    {data, eof}                       (the launcher's stdin, for every rank)
     coord  -> everyone      abort    {reason, rank}                    (any failure, or Ctrl-C)
@@ -54,6 +56,7 @@ BYE = "bye"
 REPORT = "report"
 STDIN = "stdin"
 HOLD = "hold"
+TRACE = "trace"
 STACKS = "stacks"  # to a rank: say where your threads are; to an agent {rank}: dump them; from either: where
 
 HEARTBEAT_S = 1.0

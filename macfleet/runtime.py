@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 import zmq
 
-from macfleet import backends, errorfile, hostops, knobs, protocol, segments
+from macfleet import backends, errorfile, hostops, knobs, protocol, segments, timeline
 from macfleet.arguments import check_all_gather, check_all_reduce, check_broadcast
 from macfleet.collectives import LEFT, Collectives, error_line
 from macfleet.commands import starts_script
@@ -40,6 +40,11 @@ from macfleet.transport import Liveness, Ring
 DEFAULT_TIMEOUT_S = 600.0  # MACFLEET_TIMEOUT
 MAX_FRAME_BYTES = 8 << 20  # the largest chunk a peer may send (MAXMSGSIZE on data sockets)
 RENDEZVOUS_TIMEOUT_S = 600.0  # MACFLEET_RENDEZVOUS_TIMEOUT
+# Timeline events per control message: an event packs to about 250 bytes at the most
+# (``timeline`` cuts names), and a message's header holds 16 KiB. 40 messages a turn of the control thread
+# (20 turns a second) carry 40,000 events a second.
+TIMELINE_BATCH = 50
+TIMELINE_MESSAGES = 40
 
 
 @dataclass
@@ -413,6 +418,7 @@ class _ControlThread(threading.Thread):
                 while not self.outbox.empty():
                     kind, fields = self.outbox.get_nowait()
                     self.client.send(kind, **fields)
+                self._send_timeline(TIMELINE_MESSAGES)
                 now = time.monotonic()
                 if now >= next_beat:
                     self.client.send(protocol.BEAT, **self.status(), debugging=_in_debugger())
@@ -432,10 +438,26 @@ class _ControlThread(threading.Thread):
                 else:
                     self.inbox.put(msg)
         finally:
+            self._send_timeline(None)
             while not self.outbox.empty():  # e.g. the goodbye queued by shutdown()
                 kind, fields = self.outbox.get_nowait()
                 self.client.send(kind, **fields)
             self.client.close()
+
+    def _send_timeline(self, most: int | None) -> None:
+        """The timeline's events recorded since the last call (``macfleet.timeline``), in
+        messages of ``TIMELINE_BATCH``; at most ``most`` messages, so that a rank recording
+        fast still hears an abort between them (None: all, at the end)."""
+        recorder, sent = timeline.RECORDER, 0
+        while recorder.on and (most is None or sent < most):
+            events = recorder.take(TIMELINE_BATCH)
+            if not events:
+                break
+            try:
+                self.client.send(protocol.TRACE, events=events, dropped=recorder.dropped)
+            except zmq.Again:  # the launcher is that far behind: a gap in the timeline, not a stall
+                recorder.dropped += len(events)
+            sent += 1
 
     def _check_parent(self) -> None:
         # The agent is our parent. If it died (SIGKILL, lost host), nobody will stop us: stop

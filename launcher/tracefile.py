@@ -1,0 +1,72 @@
+"""The job's timeline file (``macfleet launch --timeline FILE``): the events every rank records
+(``macfleet.timeline``: its collectives, DataParallel's forwards, buckets and waits), written as
+they arrive in Chrome's trace-event format, which https://ui.perfetto.dev and chrome://tracing
+open. A rank is a process there (named with its host), each of its threads a track: the
+training thread's forward, backward and wait for gradients above the communication thread's
+bucket exchanges show how much of the exchange backward hides, as Horovod's timeline does.
+
+Written as a JSON array, one event a line. The format lets a file end without its closing
+bracket, so the file is readable however the launcher ends; ``close`` adds it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Sequence
+
+
+class TraceFile:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file = open(path, "w", encoding="utf-8")  # OSError: the caller says it as a usage error
+        self._file.write("[\n")
+        self._origin = int(time.time() * 1e6)  # the file's time 0: the launch
+        self._threads: dict[tuple[int, str], int] = {}  # (rank, thread name) -> its track
+        self.ranks: set[int] = set()  # those with events, named in the file (once per rank: a restart's rank is the same track)
+        self._first = True
+        self.events = 0
+        self.dropped: dict[int, int] = {}  # rank -> events it could not keep or send
+        self.malformed = 0
+
+    def add(self, rank: int, host: str, events: Sequence[Any], dropped: object = 0) -> None:
+        """One rank's batch of events (``macfleet.timeline.Event`` tuples)."""
+        if isinstance(dropped, int) and dropped > 0:
+            self.dropped[rank] = dropped  # the rank's count so far
+        if rank not in self.ranks:
+            self.ranks.add(rank)
+            self._write({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} ({host})"}})
+            self._write({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}})
+        for event in events if isinstance(events, (list, tuple)) else ():
+            try:
+                name, ts, dur, thread, args = event
+                record = {"name": str(name), "ph": "X" if dur >= 0 else "i", "ts": int(ts) - self._origin,
+                          "pid": rank, "tid": self._track(rank, str(thread))}
+            except (TypeError, ValueError):  # not one of ours: a version mismatch the launcher allowed, say
+                self.malformed += 1
+                continue
+            if dur >= 0:
+                record["dur"] = int(dur)
+            else:
+                record["s"] = "t"  # an instant on its thread's track
+            if isinstance(args, dict) and args:
+                record["args"] = args
+            self._write(record)
+            self.events += 1
+
+    def _track(self, rank: int, thread: str) -> int:
+        key = (rank, thread)
+        tid = self._threads.get(key)
+        if tid is None:
+            # the training thread first, then the others in the order they appear
+            tid = self._threads[key] = 0 if thread == "MainThread" else len(self._threads) + 1
+            self._write({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": thread}})
+        return tid
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._file.write(("" if self._first else ",\n") + json.dumps(record, separators=(",", ":")))
+        self._first = False
+
+    def close(self) -> None:
+        self._file.write("\n]\n")
+        self._file.close()

@@ -1,0 +1,68 @@
+"""``macfleet launch --timeline FILE``: every rank's collectives and DataParallel's steps, in one
+trace-event file on the launching machine."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+from conftest import BIN, run_launch
+
+SCRIPT = str(BIN / "timeline.py")
+STEPS, BUCKETS = 3, 3
+
+
+def spans(events: list[dict], rank: int, name: str) -> list[dict]:
+    return sorted((e for e in events if e.get("pid") == rank and e["name"] == name and e["ph"] in "Xi"),
+                  key=lambda e: e["ts"])
+
+
+def test_the_timeline_shows_each_ranks_buckets_exchanged_in_order_while_backward_waits(tmp_path) -> None:
+    path = tmp_path / "timeline.json"
+    job = run_launch("--nproc", "2", "--timeline", str(path), SCRIPT, timeout=90)
+    assert job.code == 0, job.output
+    assert f"in {path}; open it in https://ui.perfetto.dev" in job.stderr
+    events = json.loads(path.read_text())  # the whole file: the array closed
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {0: "rank 0 (localhost)", 1: "rank 1 (localhost)"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    ops = {}
+    for rank in (0, 1):
+        waits = spans(events, rank, "waiting for gradients")
+        assert len(waits) == STEPS
+        assert len(spans(events, rank, "forward")) == STEPS
+        exchanges = [spans(events, rank, f"all_reduce gradient bucket {k}") for k in range(BUCKETS)]
+        readies = [spans(events, rank, f"gradient bucket {k} ready") for k in range(BUCKETS)]
+        for step, wait in enumerate(waits):
+            mine = [exchanges[k][step] for k in range(BUCKETS)]
+            # on the communication thread, in bucket order, each after its gradients were ready
+            assert {threads[(rank, e["tid"])] for e in mine} == {"macfleet-buckets"}
+            assert [e["ts"] for e in mine] == sorted(e["ts"] for e in mine)
+            assert [e["args"]["op"] for e in mine] == sorted(e["args"]["op"] for e in mine)
+            for k in range(BUCKETS):
+                assert readies[k][step]["ts"] <= mine[k]["ts"]
+            # backward returned only once every bucket was averaged
+            assert max(e["ts"] + e["dur"] for e in mine) <= wait["ts"] + wait["dur"] + 1
+        metric = spans(events, rank, "all_reduce metric")
+        assert len(metric) == 1 and threads[(rank, metric[0]["tid"])] == "MainThread"
+        ops[rank] = [e["args"]["op"] for e in events if e.get("pid") == rank and "op" in e.get("args", {})]
+    assert ops[0] == ops[1] and len(set(ops[0])) == len(ops[0])  # the same collectives, each once
+
+
+def test_a_failed_job_still_leaves_a_whole_timeline(tmp_path) -> None:
+    path = tmp_path / "timeline.json"
+    job = run_launch("--nproc", "2", "--timeline", str(path), SCRIPT, "fail-at", "2", timeout=90)
+    assert job.code == 1, job.output
+    assert "deliberate failure in step 2" in job.stderr
+    events = json.loads(path.read_text())
+    per_rank: dict[int, int] = defaultdict(int)
+    for e in events:
+        if e["name"] == "waiting for gradients":
+            per_rank[e["pid"]] += 1
+    assert per_rank == {0: 2, 1: 2}  # both ranks' steps before the failure
+
+
+def test_a_timeline_that_cannot_be_written_is_a_usage_error(tmp_path) -> None:
+    job = run_launch("--nproc", "2", "--timeline", str(tmp_path / "no-such-dir" / "t.json"), SCRIPT, timeout=30)
+    assert job.code == 2 and "--timeline" in job.stderr and "cannot write" in job.stderr, job.output
+    assert "[rank" not in job.stdout
