@@ -200,17 +200,27 @@ def test_a_firewall_on_the_launcher_s_mac_is_named(netns_hosts) -> None:
     assert job.seconds < 20
 
 
-def test_the_launcher_suggests_shares_for_macs_of_different_speeds(sshd) -> None:
+def test_the_launcher_suggests_shares_for_macs_of_different_speeds(sshd, tmp_path) -> None:
     """Rank 2, alone on its host, works four times as long per step as ranks 0 and 1: the last
-    lines name it and suggest shares in proportion to the speeds measured (about 4:4:1)."""
-    job = run_launch("--hosts", "127.0.0.2:2,127.0.0.3:1", *sshd.launch_options(), str(BIN / "pace.py"), "2", "dp",
-                     "8", timeout=120)
+    lines name it and suggest shares in proportion to the speeds measured (about 4:4:1). The
+    timeline (written on the launching machine) has every rank, named with its host, and shows
+    the others waiting for rank 2 at the end of every backward."""
+    timeline = tmp_path / "timeline.json"
+    job = run_launch("--hosts", "127.0.0.2:2,127.0.0.3:1", *sshd.launch_options(), "--timeline", str(timeline),
+                     str(BIN / "pace.py"), "2", "dp", "8", timeout=120)
     assert job.code == 0, job.output
     assert "rank 2 (on 127.0.0.3) sets the pace" in job.stderr, job.stderr
     found = re.search(r"shares=\[(\d+), (\d+), (\d+)\] would give each rank work in proportion", job.stderr)
     assert found, job.stderr
     first, second, slow = map(int, found.groups())
     assert first == second and 3.0 <= first / slow <= 4.5, job.stderr
+    events = json.loads(timeline.read_text())
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {0: "rank 0 (127.0.0.2)", 1: "rank 1 (127.0.0.2)", 2: "rank 2 (127.0.0.3)"}
+    waits = {r: sorted(e["dur"] for e in events if e["pid"] == r and e["name"] == "waiting for gradients")
+             for r in names}
+    assert all(len(w) == 8 for w in waits.values()), waits
+    assert waits[2][4] * 10 < min(waits[0][4], waits[1][4]), waits  # 0.3 s a step for the others, none for it
 
 
 def test_an_unmodified_ddp_gloo_script_runs_across_hosts(sshd) -> None:
