@@ -3,6 +3,7 @@ against the oracle: one process training on the whole batch."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,7 +50,8 @@ JOBS = {
     # buckets in POSIX shared-memory objects, as on macOS, reduced where they are (small ones
     # otherwise take the one-barrier path through the slots, as in the default job)
     "shm-objects": ({"MACFLEET_SHM_OBJECTS": "1", "MACFLEET_SHM_GATHER_BYTES": "1"}, ["buckets", "fine-tune"]),
-    "default": ({}, ["single", "order", "no_sync", "unused-allowed", "zero-in-place", "two-models",
+    # with the timeline on (launch --timeline), which every case must leave as it is
+    "default": ({"MACFLEET_LAUNCH_TIMELINE": "{out}/timeline.json"}, ["single", "order", "no_sync", "unused-allowed", "zero-in-place", "two-models",
                      "two-models-one-bucket", "sparse", "shares", "rewrap", "compiled", "sync-bn", "checkpoint",
                      "input-gradient", "two-forwards", "in-backward", "buffers", "validate-alone"]),
 }
@@ -58,8 +60,8 @@ CHECKED_IN_THE_JOB = ("buffers", "validate-alone")  # they compare the ranks' bu
 
 def jobs_by_environment(tmp_path_factory, script: str, jobs: dict) -> Callable[[str], tuple[Job, Path]]:
     """The job of ``script`` that ran ``case``, and the directory it saved to: one job for the
-    cases of each environment in ``jobs`` (name -> (environment, cases)), started when a test
-    first needs it."""
+    cases of each environment in ``jobs`` (name -> (environment, cases); ``{out}`` in a value is
+    that directory), started when a test first needs it."""
     done: dict[str, tuple[Job, Path]] = {}
 
     def job_of(case: str) -> tuple[Job, Path]:
@@ -67,6 +69,7 @@ def jobs_by_environment(tmp_path_factory, script: str, jobs: dict) -> Callable[[
         if name not in done:
             env, cases = jobs[name]
             out = tmp_path_factory.mktemp(f"{script}-{name}")
+            env = {key: value.format(out=out) for key, value in env.items()}
             done[name] = run_launch("--nproc", "3", str(BIN / script), ",".join(cases), str(out), env=env,
                                     timeout=300), out
         return done[name]
@@ -77,6 +80,18 @@ def jobs_by_environment(tmp_path_factory, script: str, jobs: dict) -> Callable[[
 @pytest.fixture(scope="module")
 def dp_job(tmp_path_factory) -> Callable[[str], tuple[Job, Path]]:
     return jobs_by_environment(tmp_path_factory, "dp_cases.py", JOBS)
+
+
+def test_the_timeline_of_every_case_is_whole(dp_job) -> None:
+    """The default job's timeline: each rank's training steps (forward, and the wait at the end
+    of each backward that averaged) in all those cases, compiled and checkpointed ones included."""
+    job, out = dp_job("single")
+    assert job.code == 0, job.output
+    events = json.loads((out / "timeline.json").read_text())
+    for rank in range(3):
+        mine = [e["name"] for e in events if e.get("pid") == rank]
+        assert mine.count("forward") > 10 and mine.count("waiting for gradients") > 10, mine
+        assert any(name.startswith("all_reduce gradient bucket") for name in mine)
 
 
 @pytest.mark.parametrize("case", [c for _, cases in JOBS.values() for c in cases if c not in CHECKED_IN_THE_JOB])
