@@ -6,7 +6,9 @@ training thread's forward, backward and wait for gradients above the communicati
 bucket exchanges show how much of the exchange backward hides, as Horovod's timeline does.
 
 Written as a JSON array, one event a line. The format lets a file end without its closing
-bracket, so the file is readable however the launcher ends; ``close`` adds it.
+bracket, so the file is readable however the launcher ends; ``close`` adds it. A long job
+records about 150 bytes an event and several events a step, so the file keeps the first
+``LIMIT`` events (about 300 MB, as much as a trace viewer opens) and counts the rest.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import json
 import time
 from typing import Any, Sequence
 
+LIMIT = 2_000_000
+
 
 class TraceFile:
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str, limit: int = LIMIT) -> None:
+        self.path, self.limit = path, limit
         self._file = open(path, "w", encoding="utf-8")  # OSError: the caller says it as a usage error
         self._file.write("[\n")
         self._origin = int(time.time() * 1e6)  # the file's time 0: the launch
@@ -28,6 +32,7 @@ class TraceFile:
         self.events = 0
         self.dropped: dict[int, int] = {}  # rank -> events it could not keep or send
         self.malformed = 0
+        self.past_limit = 0  # events that came after the file had ``limit``
 
     def add(self, rank: int, host: str, events: Sequence[Any], dropped: object = 0) -> None:
         """One rank's batch of events (``macfleet.timeline.Event`` tuples)."""
@@ -38,6 +43,9 @@ class TraceFile:
             self._write({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} ({host})"}})
             self._write({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}})
         for event in events if isinstance(events, (list, tuple)) else ():
+            if self.events >= self.limit:
+                self.past_limit += 1
+                continue
             try:
                 name, ts, dur, thread, args = event
                 record = {"name": str(name), "ph": "X" if dur >= 0 else "i", "ts": int(ts) - self._origin,

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
+from macfleet import timeline
+from macfleet.launcher.tracefile import TraceFile
+from macfleet.timeline import Timeline
 from conftest import BIN, run_launch
 
 SCRIPT = str(BIN / "timeline.py")
@@ -66,3 +69,29 @@ def test_a_timeline_that_cannot_be_written_is_a_usage_error(tmp_path) -> None:
     job = run_launch("--nproc", "2", "--timeline", str(tmp_path / "no-such-dir" / "t.json"), SCRIPT, timeout=30)
     assert job.code == 2 and "--timeline" in job.stderr and "cannot write" in job.stderr, job.output
     assert "[rank" not in job.stdout
+
+
+def test_the_file_keeps_the_first_events_up_to_its_limit_and_skips_what_is_not_an_event(tmp_path) -> None:
+    path = tmp_path / "t.json"
+    trace = TraceFile(str(path), limit=5)
+    good = [("all_reduce x", 10 + k, 3, "MainThread", {"op": k}) for k in range(4)]
+    trace.add(0, "mini", [*good[:2], ("not", "an", "event"), ["x", "ts", 1, "t", None]])
+    trace.add(1, "studio", good + [("instant", 20, -1, "macfleet-buckets", None)], dropped=7)
+    trace.close()
+    events = json.loads(path.read_text())
+    kept = [e for e in events if e["ph"] != "M"]
+    assert [(e["pid"], e["name"]) for e in kept] == [(0, "all_reduce x")] * 2 + [(1, "all_reduce x")] * 3
+    assert (trace.events, trace.past_limit, trace.malformed, trace.dropped) == (5, 2, 2, {1: 7})
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {0: "rank 0 (mini)", 1: "rank 1 (studio)"}
+
+
+def test_a_rank_keeps_a_bounded_number_of_unsent_events() -> None:
+    recorder = Timeline(True)
+    for k in range(timeline.KEPT + 3):
+        recorder.instant("x")
+    assert recorder.dropped == 3
+    assert len(recorder.take(10)) == 10 and len(recorder.take(timeline.KEPT)) == timeline.KEPT - 10
+    recorder.span("a" * 500, 1.0, 0.5)  # a clock stepped back: no negative duration; a long name cut
+    (name, _, duration, thread, _), = recorder.take(5)
+    assert (len(name), duration, thread) == (timeline.NAME_CHARS, 0, "MainThread")
