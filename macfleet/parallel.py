@@ -427,9 +427,15 @@ class DataParallel(nn.Module):
             began = now
         self._note_work(started)
         with rt.waiting():  # the time this rank's training loop loses to the exchange and to slower ranks
-            by_thread = True  # whether the bucket thread averaged them
+            # where the bucket thread leaves the copies back to this thread (MPS), each bucket goes
+            # back as soon as it is averaged, while the thread averages the next
+            copy_back = device.copies_from_training_thread
             if comm is not None:
-                comm.wait(self.buckets)
+                for b in self.buckets:  # in the order they are averaged
+                    comm.wait([b])
+                    if copy_back and b.host is not None:
+                        device.from_host(b.host, b.flat)
+                copy_back = False
             else:
                 bucket, shared = self.buckets[0], BucketThread.existing(self.runtime)
                 if shared is not None and not shared.idle():  # after what another model released, in order
@@ -437,9 +443,9 @@ class DataParallel(nn.Module):
                     shared.wait(self.buckets)
                 else:
                     average(bucket, stage(bucket, device.record_event(), device), device, self.compression)
-                    by_thread = False
-            if by_thread and device.copies_from_training_thread:
-                for b in self.buckets:  # the bucket thread left the copies back to this thread
+                    copy_back = False
+            if copy_back:
+                for b in self.buckets:
                     if b.host is not None:
                         device.from_host(b.host, b.flat)
         device.staged()  # later device work (optimizer.step) sees the averaged gradients
