@@ -27,7 +27,7 @@ class TraceFile:
         self._file.write("[\n")
         self._origin = int(time.time() * 1e6)  # the file's time 0: the launch
         self._threads: dict[tuple[int, str], int] = {}  # (rank, thread name) -> its track
-        self.ranks: set[int] = set()  # those with events, named in the file (once per rank: a restart's rank is the same track)
+        self.ranks: dict[int, str] = {}  # rank -> the host it is named with in the file
         self._first = True
         self.events = 0
         self.dropped: dict[int, int] = {}  # rank -> events it could not keep or send
@@ -38,8 +38,8 @@ class TraceFile:
         """One rank's batch of events (``macfleet.timeline.Event`` tuples)."""
         if isinstance(dropped, int) and dropped > 0:
             self.dropped[rank] = dropped  # the rank's count so far
-        if rank not in self.ranks:
-            self.ranks.add(rank)
+        if self.ranks.get(rank) != host:  # a restart's rank keeps its track, named again if it moved (--min-hosts)
+            self.ranks[rank] = host
             self._write({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} ({host})"}})
             self._write({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}})
         for event in events if isinstance(events, (list, tuple)) else ():

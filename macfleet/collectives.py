@@ -410,8 +410,8 @@ class Collectives:
             crossed = self._leave()
             self._stop_waiting(since)
             if began:
-                args: dict = {"op": op_id, "bytes": nbytes, "by": self._by,
-                              "path": self.last_algorithm if kind == "all_reduce" else ""}
+                args: dict[str, object] = {"op": op_id, "bytes": nbytes, "by": self._by,
+                                           "path": self.last_algorithm if kind == "all_reduce" else ""}
                 timeline.RECORDER.span(f"{kind} {name}" if name else kind, began, time.time(),
                                        {k: v for k, v in args.items() if v != ""})
         if crossed is not None:  # it ended, but another thread's may have taken its place on other ranks
