@@ -30,7 +30,8 @@ from macfleet.arguments import (WIRE_DTYPES, as_numbers, check_all_gather, check
                                 made_of_numbers)
 from macfleet.errors import ConfigError, JobAborted, PeerLost, ProtocolError
 from macfleet.history import History, call_site, where
-from macfleet.ring_algorithms import REDUCERS, SMALL_BYTES, ZERO_COPY_BYTES, HostBuffers, RingAlgorithms, even_spans
+from macfleet.host_buffers import HostBuffers
+from macfleet.ring_algorithms import REDUCERS, SMALL_BYTES, ZERO_COPY_BYTES, RingAlgorithms, even_spans
 from macfleet.shm import LocalGroup, Signature
 from macfleet.transport import Liveness, Ring
 

@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from macfleet import hostops
+from macfleet.host_buffers import HostBuffers
 from macfleet.shm import split_evenly
 from macfleet.transport import Channel, Ring
 
@@ -51,22 +52,6 @@ REDUCERS: dict[str, Reducer] = {
     "max": lambda acc, x: torch.maximum(acc, x, out=acc),
     "min": lambda acc, x: torch.minimum(acc, x, out=acc),
 }
-
-
-class HostBuffers:
-    """Named host buffers that grow and are reused, so the steady state allocates nothing big."""
-
-    def __init__(self) -> None:
-        self._raw: dict[str, bytearray] = {}
-
-    def get(self, name: str, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, memoryview]:
-        nbytes = numel * dtype.itemsize
-        raw = self._raw.get(name)
-        if raw is None or len(raw) < nbytes:
-            raw = self._raw[name] = bytearray(max(nbytes, 64))
-        view = memoryview(raw)[:nbytes]
-        tensor = torch.frombuffer(raw, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
-        return tensor, view
 
 
 class RingAlgorithms:

@@ -1,0 +1,22 @@
+"""Host buffers that the collectives reuse from call to call, by name: the steady state of a
+training loop (the same collectives on the same sizes every step) allocates nothing big."""
+
+from __future__ import annotations
+
+import torch
+
+
+class HostBuffers:
+    """Buffers by name, each grown to the largest size asked of it; ``get`` gives a tensor of it and its bytes."""
+
+    def __init__(self) -> None:
+        self._raw: dict[str, bytearray] = {}
+
+    def get(self, name: str, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, memoryview]:
+        nbytes = numel * dtype.itemsize
+        raw = self._raw.get(name)
+        if raw is None or len(raw) < nbytes:
+            raw = self._raw[name] = bytearray(max(nbytes, 64))
+        view = memoryview(raw)[:nbytes]
+        tensor = torch.frombuffer(raw, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
+        return tensor, view
