@@ -43,9 +43,9 @@ RENDEZVOUS_TIMEOUT_S = 600.0  # MACFLEET_RENDEZVOUS_TIMEOUT
 # Timeline events per control message: an event packs to about 250 bytes at the most
 # (``timeline`` cuts names), and a message's header holds 16 KiB. 5 messages a turn of the
 # control thread (20 turns a second) carry 5,000 events a second: a DataParallel step records
-# two a bucket and three more. The launcher writes an event in about 5 us, so 8 ranks at that rate take a
-# fifth of its time, and its heartbeats never queue behind a flood; faster, the rank keeps
-# what it cannot send yet (``timeline.KEPT``), then counts the rest as left out.
+# two a bucket and three more. The launcher writes an event in about 5 us, so 8 ranks at that
+# rate take a fifth of its time, and its heartbeats never queue behind a flood; faster, the
+# rank keeps what it cannot send yet (``timeline.KEPT``), then counts the rest as left out.
 TIMELINE_BATCH = 50
 TIMELINE_MESSAGES = 5
 
