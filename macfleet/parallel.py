@@ -420,7 +420,8 @@ class DataParallel(nn.Module):
             bucket.pending.discard(id(bucket.params[k]))
             if not bucket.pending and comm is not None:
                 self._complete(bucket, comm)
-        started, (began, self._began) = time.perf_counter(), (self._began, 0.0)
+        started = time.perf_counter()
+        began, self._began = self._began, 0.0
         if began:  # on the timeline, with this step's bookkeeping; the wait starts here
             now = time.time()
             timeline.RECORDER.span("backward (first gradient to last)", began, now)
