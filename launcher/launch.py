@@ -430,19 +430,8 @@ def run_with_restarts(cfg: LaunchConfig, max_restarts: int) -> int:
     finally:
         if trace is not None:
             trace.close()
-            _say_timeline(trace)
-
-
-def _say_timeline(trace: TraceFile) -> None:
-    ranks = len(trace.ranks)
-    log(f"timeline: {trace.events} events of {ranks} rank{'' if ranks == 1 else 's'} in {trace.path}; "
-        f"open it in https://ui.perfetto.dev or chrome://tracing")
-    if trace.past_limit:
-        log(f"timeline: the file keeps the first {trace.limit:,} events; {trace.past_limit:,} more were left out "
-            f"(a shorter run, or fewer steps, shows all)")
-    if trace.dropped:
-        log(f"timeline: {sum(trace.dropped.values())} events left out (recorded faster than they could be sent) "
-            f"by rank {', '.join(map(str, sorted(trace.dropped)))}")
+            for line in trace.summary():
+                log(line)
 
 
 def _run_attempts(cfg: LaunchConfig, max_restarts: int, stdin: StdinRelay, trace: TraceFile | None) -> int:

@@ -75,6 +75,22 @@ class TraceFile:
         self._file.write(("" if self._first else ",\n") + json.dumps(record, separators=(",", ":")))
         self._first = False
 
+    def summary(self) -> list[str]:
+        """What the launcher says of the file at the end: where it is, and what it left out."""
+        ranks = len(self.ranks)
+        lines = [f"timeline: {self.events} events of {ranks} rank{'' if ranks == 1 else 's'} in {self.path}; "
+                 f"open it in https://ui.perfetto.dev or chrome://tracing"]
+        if self.past_limit:
+            lines.append(f"timeline: the file keeps the first {self.limit:,} events; {self.past_limit:,} more were "
+                         f"left out (a shorter run, or fewer steps, shows all)")
+        if self.dropped:
+            lines.append(f"timeline: {sum(self.dropped.values())} events left out (recorded faster than they could "
+                         f"be sent) by rank {', '.join(map(str, sorted(self.dropped)))}")
+        if self.malformed:  # a rank of another macfleet version (launch --allow-version-mismatch)
+            lines.append(f"timeline: {self.malformed} events left out that were not in this macfleet's format "
+                         f"(ranks of another macfleet version?)")
+        return lines
+
     def close(self) -> None:
         self._file.write("\n]\n")
         self._file.close()

@@ -82,6 +82,10 @@ def test_the_file_keeps_the_first_events_up_to_its_limit_and_skips_what_is_not_a
     kept = [e for e in events if e["ph"] != "M"]
     assert [(e["pid"], e["name"]) for e in kept] == [(0, "all_reduce x")] * 2 + [(1, "all_reduce x")] * 3
     assert (trace.events, trace.past_limit, trace.malformed, trace.dropped) == (5, 2, 2, {1: 7})
+    said = "\n".join(trace.summary())  # the launcher's end lines: every count, with what it counts
+    assert "5 events of 2 ranks" in said and "2 more were left out" in said, said
+    assert "7 events left out (recorded faster than they could be sent) by rank 1" in said, said
+    assert "2 events left out that were not in this macfleet's format" in said, said
     names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert names == {0: "rank 0 (mini)", 1: "rank 1 (studio)"}
 

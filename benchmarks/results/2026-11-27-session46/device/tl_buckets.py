@@ -1,7 +1,6 @@
 """Per step of rank R (default 0): backward, each bucket's readiness and all-reduce (ms from the
 backward's start), the wait; medians over steps 4 on."""
 import json, statistics, sys, re
-from collections import defaultdict
 rank = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 ev = sorted((e for e in json.load(open(sys.argv[1])) if e.get("pid") == rank and "ts" in e), key=lambda e: e["ts"])
 steps, cur = [], None
