@@ -223,6 +223,7 @@ class Collectives:
         where this host's ranks share memory (``LocalGroup.shared_tensor``); a plain one
         elsewhere. A collective: every rank calls it in the same order with the same size."""
         self._after_the_buckets()
+        began = time.time() if timeline.RECORDER.on else 0.0
         with self.waiting():
             self._enter("host_tensor")  # its barriers must not interleave with a collective on another thread
             try:
@@ -238,6 +239,9 @@ class Collectives:
                 crossed = self._leave()
             if crossed is not None:
                 raise self._crossing(crossed, "host_tensor", op_id)
+        if began:  # on the timeline: DataParallel's buckets are allocated so, at its start and at each new layout
+            timeline.RECORDER.span("host_tensor", began, time.time(),
+                                   {"op": op_id, "bytes": numel * dtype.itemsize, "by": self.caller})
         return tensor
 
     def barrier(self) -> None:

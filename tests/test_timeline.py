@@ -46,6 +46,10 @@ def test_the_timeline_shows_each_ranks_buckets_exchanged_in_order_while_backward
                 assert readies[k][step]["ts"] <= mine[k]["ts"]
             # backward returned only once every bucket was averaged
             assert max(e["ts"] + e["dur"] for e in mine) <= wait["ts"] + wait["dur"] + 1
+        # the buckets' shared memory, allocated when DataParallel was made, before the first forward
+        allocated = spans(events, rank, "host_tensor")
+        assert [e["args"]["by"] for e in allocated] == ["DataParallel (start)"] * BUCKETS
+        assert max(e["ts"] for e in allocated) < waits[0]["ts"] and all(e["args"]["bytes"] > 0 for e in allocated)
         metric = spans(events, rank, "all_reduce metric")
         assert len(metric) == 1 and threads[(rank, metric[0]["tid"])] == "MainThread"
         ops[rank] = [e["args"]["op"] for e in events if e.get("pid") == rank and "op" in e.get("args", {})]
