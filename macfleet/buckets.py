@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from macfleet import runtime as rt
+from macfleet import timeline
 from macfleet.backends import Device, HostEvent
 
 
@@ -228,7 +230,13 @@ def stage(bucket: Bucket, ready: HostEvent, device: Device) -> HostEvent:
 def average(bucket: Bucket, copied: HostEvent, device: Device, compression: str, copy_back: bool = True) -> None:
     """Average the staged bucket over all ranks and queue its copy back to the device (unless
     ``copy_back`` is False: the thread that runs backward copies it back)."""
+    # Where the copy was queued (CUDA), the wait for it is on the timeline: what was left of the
+    # GPU's work on the bucket, and the copy. Where it was made at once (MPS), its maker put it there.
+    waits = timeline.RECORDER.on and bucket.host is not None and not device.copies_from_training_thread
+    began = time.time() if waits else 0.0
     copied.synchronize()
+    if began:
+        timeline.RECORDER.span(f"gradient bucket {bucket.index} to host", began, time.time())
     staged = bucket.staged()
     if bucket.scale != 1.0:
         staged.mul_(bucket.scale)

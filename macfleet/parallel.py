@@ -40,7 +40,7 @@ from torch import nn
 from macfleet import runtime as rt
 from macfleet import timeline
 from macfleet.arguments import WIRE_DTYPES
-from macfleet.backends import Device
+from macfleet.backends import Device, HostEvent
 from macfleet.buckets import Bucket, BucketThread, average, bucket_layout, exchange, stage
 from macfleet.collectives import WORK_DTYPE, Collectives
 from macfleet.errors import ConfigError, ProtocolError
@@ -378,8 +378,20 @@ class DataParallel(nn.Module):
         if timeline.RECORDER.on:
             timeline.RECORDER.instant(f"gradient bucket {bucket.index} ready", {"bytes": bucket.flat.numel() *
                                                                                   bucket.flat.element_size()})
-        comm.hand_over(bucket, stage(bucket, ready, device) if device.copies_from_training_thread else ready,
+        comm.hand_over(bucket, self._copy_here(bucket, ready) if device.copies_from_training_thread else ready,
                        release, self.compression)
+
+    def _copy_here(self, bucket: Bucket, ready: HostEvent) -> HostEvent:
+        """Start the bucket's copy to its host buffer from this thread. Where the device makes it
+        at once (MPS: backward waits for it), it goes on the timeline here; where it is queued
+        (CUDA), the wait for it does, where it is waited for (``average``)."""
+        device = self.runtime.device
+        made_here = timeline.RECORDER.on and bucket.host is not None and device.copies_from_training_thread
+        began = time.time() if made_here else 0.0
+        copied = stage(bucket, ready, device)
+        if began:
+            timeline.RECORDER.span(f"gradient bucket {bucket.index} to host", began, time.time())
+        return copied
 
     def _adopt(self, bucket: Bucket, k: int) -> None:
         """Make the parameter's gradient the bucket's view again (zero_grad(set_to_none=True)
@@ -443,7 +455,7 @@ class DataParallel(nn.Module):
                     self._hand_over(shared, bucket, [bucket])
                     shared.wait(self.buckets)
                 else:
-                    average(bucket, stage(bucket, device.record_event(), device), device, self.compression)
+                    average(bucket, self._copy_here(bucket, device.record_event()), device, self.compression)
                     copy_back = False
             if copy_back:
                 for b in self.buckets:

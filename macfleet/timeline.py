@@ -36,12 +36,11 @@ class Timeline:
 
     def span(self, name: str, start_s: float, end_s: float, args: dict[str, Any] | None = None) -> None:
         """Something that ran from ``start_s`` to ``end_s`` (``time.time()``) on this thread."""
-        self._keep((name[:NAME_CHARS], int(start_s * 1e6), max(0, int((end_s - start_s) * 1e6)),
-                    threading.current_thread().name[:NAME_CHARS], args))
+        self._keep((name[:NAME_CHARS], int(start_s * 1e6), max(0, int((end_s - start_s) * 1e6)), _thread(), args))
 
     def instant(self, name: str, args: dict[str, Any] | None = None) -> None:
         """Something that happened now on this thread."""
-        self._keep((name[:NAME_CHARS], int(time.time() * 1e6), -1, threading.current_thread().name[:NAME_CHARS], args))
+        self._keep((name[:NAME_CHARS], int(time.time() * 1e6), -1, _thread(), args))
 
     def _keep(self, event: Event) -> None:
         if len(self._events) >= KEPT:
@@ -55,6 +54,15 @@ class Timeline:
         while self._events and len(out) < most:
             out.append(self._events.popleft())
         return out
+
+
+def _thread() -> str:
+    """This thread's track. A thread that Python did not start is autograd's: on a GPU (MPS,
+    CUDA) backward runs on a thread of the autograd engine's, and its hooks, DataParallel's
+    bucket readiness, end of backward and wait among them, with it. Python calls such a thread
+    "Dummy-1"."""
+    thread = threading.current_thread()
+    return "autograd" if isinstance(thread, threading._DummyThread) else thread.name[:NAME_CHARS]
 
 
 RECORDER = Timeline(os.environ.get(ENV) == "1")

@@ -3,7 +3,9 @@ trace-event file on the launching machine."""
 
 from __future__ import annotations
 
+import _thread
 import json
+import threading
 from collections import defaultdict
 
 from macfleet import timeline
@@ -92,6 +94,23 @@ def test_the_file_keeps_the_first_events_up_to_its_limit_and_skips_what_is_not_a
     assert "2 events left out that were not in this macfleet's format" in said, said
     names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert names == {0: "rank 0 (mini)", 1: "rank 1 (studio)"}
+
+
+def test_a_thread_python_did_not_start_is_named_as_autograds() -> None:
+    """On a GPU, backward and DataParallel's hooks run on a thread of the autograd engine's,
+    which Python knows only as "Dummy-1"; its track is named for what it is. (A thread that
+    _thread starts is such a thread to Python, as autograd's are.)"""
+    recorder, done = Timeline(True), threading.Event()
+
+    def foreign() -> None:
+        recorder.instant("gradient bucket 0 ready")
+        done.set()
+
+    _thread.start_new_thread(foreign, ())
+    assert done.wait(10)
+    recorder.instant("forward")
+    assert [(name, thread) for name, _, _, thread, _ in recorder.take(5)] == \
+        [("gradient bucket 0 ready", "autograd"), ("forward", "MainThread")]
 
 
 def test_a_rank_keeps_a_bounded_number_of_unsent_events() -> None:
