@@ -230,8 +230,9 @@ def stage(bucket: Bucket, ready: HostEvent, device: Device) -> HostEvent:
 def average(bucket: Bucket, copied: HostEvent, device: Device, compression: str, copy_back: bool = True) -> None:
     """Average the staged bucket over all ranks and queue its copy back to the device (unless
     ``copy_back`` is False: the thread that runs backward copies it back)."""
-    # Where the copy was queued (CUDA), the wait for it is on the timeline: what was left of the
-    # GPU's work on the bucket, and the copy. Where it was made at once (MPS), its maker put it there.
+    # Where the copy was only queued (CUDA), the wait for it goes on the timeline: what was left
+    # of the GPU's work on the bucket, and the copy. One made at once (MPS) is there already
+    # (DataParallel._copy_here).
     waits = timeline.RECORDER.on and bucket.host is not None and not device.copies_from_training_thread
     began = time.time() if waits else 0.0
     copied.synchronize()

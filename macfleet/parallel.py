@@ -382,9 +382,9 @@ class DataParallel(nn.Module):
                        release, self.compression)
 
     def _copy_here(self, bucket: Bucket, ready: HostEvent) -> HostEvent:
-        """Start the bucket's copy to its host buffer from this thread. Where the device makes it
-        at once (MPS: backward waits for it), it goes on the timeline here; where it is queued
-        (CUDA), the wait for it does, where it is waited for (``average``)."""
+        """Start the bucket's copy to its host buffer from this thread. Where the device makes
+        the copy at once (MPS: backward waits for it), the copy goes on the timeline here; where
+        it is only queued (CUDA), ``average`` puts the wait for it there."""
         device = self.runtime.device
         made_here = timeline.RECORDER.on and bucket.host is not None and device.copies_from_training_thread
         began = time.time() if made_here else 0.0
