@@ -59,7 +59,8 @@ memory for every size), ``MACFLEET_SHM=0`` (no shared memory),
 host's ranks' tensors come to at most this much together, every rank reduces all of them itself,
 after one barrier), ``MACFLEET_SHM_OBJECTS`` (``1``:
 segments are POSIX shared-memory objects, the default on macOS; ``0``: files in the agent's
-directory), ``MACFLEET_INLINE_BYTES`` (up to this size a collective's host arithmetic runs on
+directory), ``MACFLEET_MIN_PART_BYTES`` (a large all-reduce over sockets runs in parts at once,
+one per socket pair, each at least this much per rank), ``MACFLEET_INLINE_BYTES`` (up to this size a collective's host arithmetic runs on
 its own thread, not on torch's OpenMP team; a
 ring over sockets compares the pieces it adds), ``MACFLEET_ZERO_COPY_BYTES`` (a ring over
 sockets sends pieces at least this large without copying them),

@@ -9,7 +9,7 @@ try:
     servers = [sshd.start_sshd(d, [h.addr], port=port, prefix=h.exec_prefix()) for h in hosts]
     for h in hosts: netns.set_rate(h, sys.argv[1] if len(sys.argv) > 1 else "1gbit")
     subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "launch", "--hosts", ",".join(h.addr for h in hosts),
-                    *servers[0].launch_options(), "/work/main/.exp/wirebytes.py"])
+                    *servers[0].launch_options(), sys.argv[2] if len(sys.argv) > 2 else "/work/main/.exp/wirebytes.py"])
 finally:
     for s in servers: s.stop()
     netns.destroy(2)
