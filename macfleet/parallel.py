@@ -440,26 +440,19 @@ class DataParallel(nn.Module):
             began = now
         self._note_work(started)
         with rt.waiting():  # the time this rank's training loop loses to the exchange and to slower ranks
-            # where the bucket thread leaves the copies back to this thread (MPS), each bucket goes
-            # back as soon as it is averaged, while the thread averages the next
-            copy_back = device.copies_from_training_thread
-            if comm is not None:
-                for b in self.buckets:  # in the order they are averaged
-                    comm.wait([b])
-                    if copy_back and b.host is not None:
-                        device.from_host(b.host, b.flat)
-                copy_back = False
-            else:
+            if comm is None:  # one bucket: averaged here, unless another model's buckets are in flight
                 bucket, shared = self.buckets[0], BucketThread.existing(self.runtime)
                 if shared is not None and not shared.idle():  # after what another model released, in order
                     self._hand_over(shared, bucket, [bucket])
-                    shared.wait(self.buckets)
+                    comm = shared
                 else:
                     average(bucket, self._copy_here(bucket, device.record_event()), device, self.compression)
-                    copy_back = False
-            if copy_back:
-                for b in self.buckets:
-                    if b.host is not None:
+            if comm is not None:
+                # where the bucket thread leaves the copies back to this thread (MPS), each bucket goes
+                # back as soon as it is averaged, while the thread averages the next
+                for b in self.buckets:  # in the order they are averaged
+                    comm.wait([b])
+                    if device.copies_from_training_thread and b.host is not None:
                         device.from_host(b.host, b.flat)
         device.staged()  # later device work (optimizer.step) sees the averaged gradients
         ended = time.perf_counter()

@@ -1,5 +1,5 @@
 """Rank script: bytes each rank's veth sends, and time, per 24 MiB all-reduce: macfleet, then gloo."""
-import os, time, sys, glob
+import os, time
 import torch, torch.distributed as dist
 import macfleet
 macfleet.init()
