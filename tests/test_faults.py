@@ -123,6 +123,45 @@ def test_an_agent_killed_leaves_neither_a_rank_stuck_in_native_code_nor_an_exite
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_a_keeper_whose_cat_is_killed_watches_on_and_stops_no_live_rank(tmp_path) -> None:
+    """Each rank's keeper (``bootstrap.KEEPER``) waits for its agent's end in a ``cat`` on the
+    agent's pipe. A ``cat`` killed by a signal (a stray ``pkill cat``) was taken for the
+    agent's end: 3 s later the keeper SIGKILLed its live rank, and the report blamed the rank."""
+    script = tmp_path / "wait_for_go.py"
+    script.write_text(
+        "import os, sys, time\nimport macfleet\nmacfleet.init()\n"
+        "print(f'ready pid={os.getpid()}', flush=True)\n"
+        "while not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"  # the test's go-ahead
+        "macfleet.barrier()\n")
+    job = RunningJob("--nproc", "2", str(script), str(tmp_path / "go"), ranks=2)
+    try:
+        killed = {rank: _keeper_cat(pid) for rank, pid in job.pids.items()}
+        assert None not in killed.values(), f"no keeper's cat under the ranks {job.pids}"
+        for cat in killed.values():
+            os.kill(cat, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+                _keeper_cat(job.pids[rank]) in (None, cat) for rank, cat in killed.items()):
+            time.sleep(0.05)  # polling the process table for the keepers' next cat
+        watching = {rank: _keeper_cat(pid) for rank, pid in job.pids.items()}
+        assert all(cat not in (None, killed[rank]) for rank, cat in watching.items()), \
+            f"a keeper stopped watching its agent: cats {killed} killed, now {watching}"
+        (tmp_path / "go").touch()
+        code, err, _ = job.wait(30)
+        assert code == 0, err
+    finally:
+        job.close()
+
+
+def _keeper_cat(rank_pid: int) -> int | None:
+    """The ``cat`` of the rank's keeper: a child of the rank's child ``sh``."""
+    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()[1:]]
+    shells = {int(r[0]) for r in rows if len(r) == 3 and int(r[1]) == rank_pid and r[2].startswith("sh -c")}
+    cats = [int(r[0]) for r in rows if len(r) == 3 and int(r[1]) in shells and r[2] == "cat"]
+    return cats[0] if cats else None
+
+
 def test_a_stopped_rank_is_reported_then_aborted(job_of_three) -> None:
     job = job_of_three("--heartbeat-timeout", "4")
     os.kill(job.pids[2], signal.SIGSTOP)
