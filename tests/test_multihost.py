@@ -513,7 +513,9 @@ def test_doctor_names_the_interface_each_host_trains_over(netns_hosts) -> None:
 def test_collectives_across_network_namespaces(netns_hosts, tmp_path) -> None:
     """Each "host" has its own network stack; traffic crosses real veth links and a bridge."""
     hosts, server = netns_hosts
-    job = run_launch("--hosts", f"{hosts[0].addr}:2,{hosts[1].addr}:1", *server.launch_options(),
+    # --device cpu: the table's device column is then known wherever the suite runs (auto
+    # picks cuda on the device machine)
+    job = run_launch("--hosts", f"{hosts[0].addr}:2,{hosts[1].addr}:1", "--device", "cpu", *server.launch_options(),
                      str(BIN / "oracle.py"), str(STEPS), str(tmp_path / "params.pt"), timeout=120)
     assert job.code == 0, job.output
     ring = job.stderr[job.stderr.index("3 ranks on 2 hosts"):].splitlines()[2:5]
