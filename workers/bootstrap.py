@@ -160,8 +160,8 @@ def _leave_job(script: str) -> int:
 # At the pipe's end: the rank's own check (runtime._check_parent, once a second) has had time to
 # release the job's shared memory, which needs Python on macOS; then what is left goes. Only a
 # cat that read to the end (exit 0) means the agent is gone: a cat killed by a signal (a stray
-# `pkill cat`) made the keeper SIGKILL a live rank 3 s later, and the report blame the rank.
-# Another cat then reads on from where it stopped, since the pipe is the shell's stdin.
+# `pkill cat`) had the keeper SIGKILL a live rank 3 s later, and the report then blamed the
+# rank. Another cat reads on from where that one stopped, since the pipe is the shell's stdin.
 KEEPER = ('while ! cat >/dev/null; do sleep 1; done; sleep 3; '
           '[ -n "$MACFLEET_SHM_DIR" ] && rm -rf "$MACFLEET_SHM_DIR"; kill -KILL 0')
 

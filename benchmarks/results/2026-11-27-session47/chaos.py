@@ -19,14 +19,21 @@ def shm():
     return set(glob.glob("/dev/shm/*")) | set(glob.glob("/tmp/macfleet*"))
 
 seed = int(sys.argv[1]); n = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+HOSTS = os.environ.get("CHAOS_HOSTS")  # e.g. 127.0.0.2:2,127.0.0.3:1: through a test sshd
+server = None
+if HOSTS:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests"))
+    import sshd as helper, tempfile, pathlib
+    server = helper.start_sshd(pathlib.Path(tempfile.mkdtemp()), sorted({h.split(":")[0] for h in HOSTS.split(",")}))
 rng = random.Random(seed)
 sigs = [signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGSEGV, signal.SIGSTOP, signal.SIGHUP]
 bad = 0
 for it in range(n):
     before = shm()
     nproc = rng.choice([2, 3])
+    placement = ["--hosts", HOSTS, *server.launch_options()] if HOSTS else ["--nproc", str(nproc)]
     launcher_sig = rng.random() < 0.15
-    cmd = os.environ.get("CHAOS_LAUNCH", "macfleet launch").split() + [ "--nproc", str(nproc), "--heartbeat-timeout", "3", "--stall-timeout", "5", *os.environ.get("CHAOS_ARGS", "").split(), os.environ.get("CHAOS_SCRIPT", ".exp/chaos/work.py"), str(rng.choice([0, 1]))]
+    cmd = os.environ.get("CHAOS_LAUNCH", "macfleet launch").split() + [*placement, "--heartbeat-timeout", "3", "--stall-timeout", "5", *os.environ.get("CHAOS_ARGS", "").split(), os.environ.get("CHAOS_SCRIPT", ".exp/chaos/work.py"), str(rng.choice([0, 1]))]
     t0 = time.time()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     # wait until all ranks are ready
@@ -39,13 +46,16 @@ for it in range(n):
         if "READY" in line: ready += 1
     time.sleep(rng.uniform(0.2, 3.0))
     procs, args = descendants(p.pid)
+    if server is not None:
+        remote, rargs = descendants(server.proc.pid)
+        procs += remote; args.update(rargs)
     if launcher_sig or not procs:
         target, what = p.pid, "launcher"
     else:
         target = rng.choice(procs); what = args.get(target, "?")[:90]
         ppid = int(open(f"/proc/{target}/stat").read().split()[3])
         role = ("agent" if "python" in args[target] and " -c " in args[target] else "rank" if "bootstrap" in args[target] and "-c " in args.get(ppid, "") else
-                "loader" if "bootstrap" in args[target] else "store" if "workers.store" in args[target] else "helper")
+                "loader" if "bootstrap" in args[target] else "store" if "workers.store" in args[target] else "ssh" if args[target].startswith(("ssh", "sshd")) else "helper")
         what = role + ": " + what
     sig = rng.choice(sigs if not launcher_sig else [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
     try:
@@ -108,3 +118,5 @@ for it in range(n):
             try: os.kill(q, signal.SIGKILL)
             except Exception: pass
 print("bad", bad)
+if server is not None:
+    server.stop()

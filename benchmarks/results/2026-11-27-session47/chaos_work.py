@@ -1,5 +1,5 @@
 """Chaos workload: DataParallel training with a DataLoader worker, forever (until killed)."""
-import sys, time
+import sys
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset

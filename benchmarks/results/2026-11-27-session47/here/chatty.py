@@ -1,4 +1,4 @@
-import sys, time, macfleet
+import sys, macfleet
 macfleet.init()
 n = int(sys.argv[1])
 for i in range(n):
