@@ -18,5 +18,8 @@ class HostBuffers:
         if raw is None or len(raw) < nbytes:
             raw = self._raw[name] = bytearray(max(nbytes, 64))
         view = memoryview(raw)[:nbytes]
-        tensor = torch.frombuffer(raw, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
+        # Never an inference tensor, though a collective called under torch.inference_mode()
+        # asks for it: the ring's pool threads, outside that mode, add into it.
+        with torch.inference_mode(False):
+            tensor = torch.frombuffer(raw, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
         return tensor, view

@@ -418,9 +418,13 @@ class LocalGroup:
         self.barrier()  # everyone has mapped it
         if self.index == 0:
             self.segments.unlink(name)
-        rows = torch.frombuffer(mapping, dtype=torch.uint8).view(self.size, row)[:, :numel * dtype.itemsize]
-        shared = SharedTensor(key, rows.view(dtype), mapping)
-        mine = shared.rows[self.index]
+        # Never inference tensors, though the caller may be under torch.inference_mode(): every
+        # later all-reduce of it writes into them, mostly outside that mode (a view of another
+        # dtype made inside the mode is an inference tensor, as a new tensor made there is).
+        with torch.inference_mode(False):
+            rows = torch.frombuffer(mapping, dtype=torch.uint8).view(self.size, row)[:, :numel * dtype.itemsize]
+            shared = SharedTensor(key, rows.view(dtype), mapping)
+            mine = shared.rows[self.index]
         self._shared[mine.data_ptr()] = shared
         # Once the caller drops it, forget it; the mapping then goes with the last view of it.
         weakref.finalize(mine, self._shared.pop, mine.data_ptr(), None).atexit = False
@@ -495,7 +499,8 @@ class LocalGroup:
                 result = outputs[0, start:stop]
             else:  # results go to several rows: reduce into scratch first
                 if self._scratch.numel() < stop - start or self._scratch.dtype != inputs.dtype:
-                    self._scratch = torch.empty(step, dtype=inputs.dtype)
+                    with torch.inference_mode(False):  # reused: see shared_tensor
+                        self._scratch = torch.empty(step, dtype=inputs.dtype)
                 result = self._scratch[: stop - start]
             _reduce_columns(rows, result, op)
             if divide_by != 1:

@@ -137,17 +137,25 @@ def test_parameters_and_inference_tensors_are_reduced_in_place(tmp_path, path: s
     where a ``no_grad`` entered by the calling thread did not reach (the hypothesis cases
     found that). Tensors made under ``torch.inference_mode()`` (evaluation metrics), as
     torch.distributed takes them: outside that mode torch refused our writes from inside the
-    collective, and inside it the pool threads' writes, which the mode does not reach."""
+    collective, and inside it the pool threads' writes, which the mode does not reach. Half
+    precision is reduced in a float32 host buffer, as every GPU tensor is: made inside the
+    mode, the buffer was an inference tensor itself, and the pool threads' additions into it
+    were refused (found by random cases in bulk, session 48). The job starts inside the mode
+    (``macfleet.init()`` under it), as a script that only evaluates may."""
     world, env = PATHS[path]
+    env = {**env, "CASES_INIT_INFERENCE": "1"}
     run_cases(tmp_path, world, [
         {"kind": kind, "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, **marks, "shared": shared}
         for seed, (kind, dtype, numel, op, shared) in enumerate([
             ("all_reduce", "float32", 1000, "avg", False), ("all_reduce", "float32", 300_001, "sum", False),
             ("all_reduce", "float32", 5000, "sum", True), ("all_reduce", "bfloat16", 999, "max", False),
             ("broadcast", "float32", 70_001, "sum", False), ("all_gather", "float16", 77, "sum", False),
-            ("all_reduce", "float64", 300_001, "sum", False), ("all_reduce", "complex64", 200_001, "sum", False)])
+            ("all_reduce", "float64", 300_001, "sum", False), ("all_reduce", "complex64", 200_001, "sum", False),
+            ("all_reduce", "float16", 500_001, "avg", False), ("all_reduce", "bfloat16", 500_001, "max", False)])
         for marks in ({"leaf": True}, {"inference": "made"}, {"inference": "inside"})
-    ], env)
+    ] + [  # the first shared float64s, inside the mode, then outside it: memory reused from call to call
+        {"kind": "all_reduce", "dtype": "float64", "numel": 5000, "seed": 50 + k, "op": "sum", "src": 1,
+         "shared": True, **marks} for k, marks in enumerate([{"inference": "inside"}, {}, {}])], env)
 
 
 def test_broadcasts_over_sockets_in_uneven_pieces_are_exact(tmp_path) -> None:
@@ -216,6 +224,9 @@ def test_compressed_all_reduce_is_close_and_identical_on_every_rank(tmp_path, pa
                      ("fp16", "float32", "sum", 70_001), ("bf16", "float32", "avg", 300_001),
                      ("bf16", "float16", "sum", 16_385), ("fp16", "bfloat16", "max", 70_001),
                      ("bf16", "float32", "sum", 100)])]
+    # inside torch.inference_mode(), as an evaluation's metrics are, in parts on pool threads
+    case_list.append({"kind": "all_reduce", "dtype": "float32", "numel": 500_001, "seed": 9, "op": "sum", "src": 0,
+                      "compression": "bf16", "inference": "inside"})
     run_cases(tmp_path, world, case_list, env)
 
 
