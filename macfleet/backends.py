@@ -108,7 +108,7 @@ class Device:
         """A host buffer to stage this device's tensors through: ``memory`` (a host tensor of
         ``numel`` elements, e.g. shared memory) where given, else a new one. Plain memory: MPS
         gains nothing from pinning, and older torch refuses it there (mps-facts.md section 3)."""
-        return memory if memory is not None else torch.zeros(numel, dtype=dtype)
+        return memory if memory is not None else torch.zeros(numel, dtype=dtype, device="cpu")
 
     def to_host(self, src: torch.Tensor, dst: torch.Tensor, ready: HostEvent) -> HostEvent:
         """Copy ``src`` into host buffer ``dst`` once ``ready``; ``dst`` holds the data when the
@@ -176,7 +176,8 @@ class CudaDevice(Device):
 
     def host_buffer(self, numel: int, dtype: torch.dtype, memory: torch.Tensor | None = None) -> torch.Tensor:
         if memory is None:
-            return torch.zeros(numel, dtype=dtype, pin_memory=True)  # DMA-able: copies run at full PCIe speed
+            # DMA-able: copies run at full PCIe speed
+            return torch.zeros(numel, dtype=dtype, device="cpu", pin_memory=True)
         # Page-lock memory we did not allocate (shared memory), so copies to it are DMA and stay
         # asynchronous; if the driver refuses, copies still work, staged through the driver.
         # Unlocked again when the tensor goes; the finalizer holds a view, so the memory stays

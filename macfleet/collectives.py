@@ -155,15 +155,16 @@ class Collectives:
         mine = tensor.detach().cpu().coalesce()  # on the host, where its entries go anyway (MPS lacks sparse kernels)
         count = mine._nnz()
         with self.on_behalf_of("all_reduce (sparse)"):
-            counts = self.all_gather(torch.tensor([count]), name).view(-1).tolist()
+            counts = self.all_gather(torch.tensor([count], device="cpu"), name).view(-1).tolist()
             most = max(counts)
-            indices = torch.zeros(mine.sparse_dim(), most, dtype=torch.int64)
+            indices = torch.zeros(mine.sparse_dim(), most, dtype=torch.int64, device="cpu")
             indices[:, :count] = mine.indices()
-            values = torch.zeros((most, *mine.values().shape[1:]), dtype=mine.dtype)
+            values = torch.zeros((most, *mine.values().shape[1:]), dtype=mine.dtype, device="cpu")
             values[:count] = mine.values()
             indices, values = self.all_gather(indices, name), self.all_gather(values, name)
         whole = torch.sparse_coo_tensor(torch.cat([indices[r, :, :n] for r, n in enumerate(counts)], 1),
-                                        torch.cat([values[r, :n] for r, n in enumerate(counts)]), tensor.shape)
+                                        torch.cat([values[r, :n] for r, n in enumerate(counts)]), tensor.shape,
+                                        device="cpu")
         whole = whole.coalesce()
         if op == "avg":
             whole = whole / self.world
@@ -234,7 +235,7 @@ class Collectives:
                     self.local.announce(signature)
                     tensor = self.local.shared_tensor(numel, dtype)
                 else:
-                    tensor = torch.zeros(numel, dtype=dtype)
+                    tensor = torch.zeros(numel, dtype=dtype, device="cpu")
             finally:
                 crossed = self._leave()
             if crossed is not None:
@@ -245,7 +246,7 @@ class Collectives:
         return tensor
 
     def barrier(self) -> None:
-        self.all_reduce(torch.zeros(1, dtype=torch.int32), "sum", name="barrier")
+        self.all_reduce(torch.zeros(1, dtype=torch.int32, device="cpu"), "sum", name="barrier")
 
     def close(self) -> None:
         self._on_ring.close()

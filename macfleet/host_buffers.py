@@ -21,5 +21,6 @@ class HostBuffers:
         # Never an inference tensor, though a collective called under torch.inference_mode()
         # asks for it: the ring's pool threads, outside that mode, add into it.
         with torch.inference_mode(False):
-            tensor = torch.frombuffer(raw, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
+            tensor = torch.frombuffer(raw, dtype=dtype, count=numel) if numel else \
+                torch.empty(0, dtype=dtype, device="cpu")
         return tensor, view

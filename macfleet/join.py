@@ -126,7 +126,7 @@ class Join:
             pending()
 
     def _round(self, training: bool, syncing: bool, changed: bool) -> Round:
-        said = torch.zeros(self.world + 2, dtype=torch.float64)
+        said = torch.zeros(self.world + 2, dtype=torch.float64, device="cpu")
         if training:
             said[self.model.runtime.rank] = 1
             said[-2], said[-1] = float(syncing), float(changed)

@@ -33,11 +33,11 @@ def all_gather_object(obj: Any) -> list[Any]:
 def broadcast_bytes(blob: bytes | None, src: int = 0, name: str = "bytes") -> bytes | None:
     """Rank ``src``'s ``blob`` on every rank. None from ``src`` (it could not produce the
     bytes) is None on every rank, so that every rank can fail alike."""
-    size = torch.tensor([-1 if blob is None else len(blob)], dtype=torch.int64)
+    size = torch.tensor([-1 if blob is None else len(blob)], dtype=torch.int64, device="cpu")
     rt.broadcast(size, src, name=f"{name} size")
     if size.item() < 0:
         return None
-    data = torch.zeros(int(size.item()), dtype=torch.uint8)
+    data = torch.zeros(int(size.item()), dtype=torch.uint8, device="cpu")
     if rt.rank() == src and blob:
         data.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
     rt.broadcast(data, src, name=name)
@@ -48,8 +48,9 @@ def all_gather_bytes(blob: bytes, name: str = "bytes") -> list[bytes]:
     """Every rank's ``blob``, in rank order; they may differ in length."""
     if rt.world_size() == 1:
         return [blob]
-    lengths = rt.all_gather(torch.tensor([len(blob)], dtype=torch.int64), name=f"{name} size").flatten().tolist()
-    padded = torch.zeros(max(lengths), dtype=torch.uint8)
+    length = torch.tensor([len(blob)], dtype=torch.int64, device="cpu")
+    lengths = rt.all_gather(length, name=f"{name} size").flatten().tolist()
+    padded = torch.zeros(max(lengths), dtype=torch.uint8, device="cpu")
     if blob:
         padded[: len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
     gathered = rt.all_gather(padded, name=name)

@@ -176,7 +176,7 @@ class DataParallel(nn.Module):
             # float64): all_reduce then neither copies it in nor out (macfleet.shm).
             shared = rt.host_tensor(total, first.dtype) if first.dtype not in WORK_DTYPE else None
             if first.device.type == "cpu":
-                flat = shared if shared is not None else torch.zeros(total, dtype=first.dtype)
+                flat = shared if shared is not None else torch.zeros(total, dtype=first.dtype, device="cpu")
                 host = None
             else:
                 flat = torch.zeros(total, dtype=first.dtype, device=first.device)
@@ -568,7 +568,7 @@ def _agree_on_options(shares: Sequence[float] | None, world: int, options: dict[
         return float(list(WIRE_DTYPES).index(value)) if isinstance(value, str) else float(value)
 
     given = [1.0] * world if shares is None else [float(s) for s in shares]
-    mine = torch.tensor(given + [number(v) for v in options.values()], dtype=torch.float64)
+    mine = torch.tensor(given + [number(v) for v in options.values()], dtype=torch.float64, device="cpu")
     rank0 = rt.broadcast(mine.clone(), 0, name="options")
     if not torch.equal(mine[:world], rank0[:world]):
         raise ConfigError(f"this rank's DataParallel shares {given} differ from rank 0's {rank0[:world].tolist()}: "

@@ -538,7 +538,7 @@ def host_tensor(numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     same size (DataParallel's buckets live in such tensors)."""
     rt = runtime()
     if rt.collectives is None:
-        return torch.zeros(numel, dtype=dtype)
+        return torch.zeros(numel, dtype=dtype, device="cpu")
     return rt.collectives.host_tensor(numel, dtype)
 
 

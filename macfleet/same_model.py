@@ -54,7 +54,8 @@ def check_same_model(module: nn.Module) -> None:
     rank 0's in its layout."""
     mine = layout(module)
     digest = int.from_bytes(hashlib.blake2b(repr(mine).encode(), digest_size=8).digest(), "little", signed=True)
-    digests = rt.all_gather(torch.tensor([digest], dtype=torch.int64), name="model layout").flatten().tolist()
+    mine_digest = torch.tensor([digest], dtype=torch.int64, device="cpu")
+    digests = rt.all_gather(mine_digest, name="model layout").flatten().tolist()
     if len(set(digests)) > 1:  # every rank sees it, so every rank takes part in the gather below
         raise ConfigError(difference(objects.all_gather_object(mine)))
 

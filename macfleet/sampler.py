@@ -60,7 +60,7 @@ class DistributedSampler(Sampler[int]):
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.length, generator=g).tolist()
+            order = torch.randperm(self.length, generator=g, device="cpu").tolist()
         else:
             order = list(range(self.length))
         total = self.rounds * self.parts

@@ -138,7 +138,7 @@ class LocalGroup:
         self._round = 0
         self._shared: dict[int, SharedTensor] = {}  # by the data_ptr of this rank's row
         self._allocated = 0  # shared tensors so far: the same count on every local rank
-        self._scratch = torch.empty(0)
+        self._scratch = torch.empty(0, device="cpu")
         self._announced: Signature | None = None
         self._words = (0, 0, 0)  # the announcement as its control-line words, for the check after the barrier
         self._unchecked = False  # whether the first barrier since the announcement is still to come
@@ -500,7 +500,7 @@ class LocalGroup:
             else:  # results go to several rows: reduce into scratch first
                 if self._scratch.numel() < stop - start or self._scratch.dtype != inputs.dtype:
                     with torch.inference_mode(False):  # reused: see shared_tensor
-                        self._scratch = torch.empty(step, dtype=inputs.dtype)
+                        self._scratch = torch.empty(step, dtype=inputs.dtype, device="cpu")
                 result = self._scratch[: stop - start]
             _reduce_columns(rows, result, op)
             if divide_by != 1:

@@ -257,6 +257,19 @@ print("same")
     assert proc.returncode == 0 and proc.stdout.strip() == "same", proc.stderr
 
 
+@pytest.mark.parametrize("nproc, env", [(2, {}), (3, {"MACFLEET_SHM": "0"})], ids=["shared memory", "sockets"])
+def test_a_script_that_sets_a_default_device_trains(tmp_path, nproc: int, env: dict[str, str]) -> None:
+    """``torch.set_default_device("mps")``, as Mac scripts often begin, put what macfleet made
+    for itself on the GPU: DataParallel's check of its options (a float64 tensor, which MPS
+    refuses), host buffers, the sampler's shuffle (a CPU generator). ``meta`` stands in for the
+    GPU: a tensor of ours made there has no data. Training with join and no_sync, SyncBatchNorm,
+    every collective, the objects, a checkpoint saved and loaded."""
+    job = run_launch("--nproc", str(nproc), str(BIN / "default_device.py"), "meta", str(tmp_path), env=env,
+                     timeout=120)
+    assert job.code == 0, job.output
+    assert job.stdout.count("default device ok") == nproc, job.output
+
+
 def test_training_on_after_an_exception_in_backward_is_refused() -> None:
     """An out-of-memory error caught mid-backward (the skip-the-batch pattern) leaves the rank's
     buckets half released: the next step must be an error, not gradients never averaged."""
