@@ -17,6 +17,7 @@ order, then copied to the others.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import threading
 import time
 from collections import deque
@@ -155,7 +156,14 @@ class Collectives:
         mine = tensor.detach().cpu().coalesce()  # on the host, where its entries go anyway (MPS lacks sparse kernels)
         count = mine._nnz()
         with self.on_behalf_of("all_reduce (sparse)"):
-            counts = self.all_gather(torch.tensor([count], device="cpu"), name).view(-1).tolist()
+            # Each rank's count of entries, and what its tensor is: a rank's entries summed into
+            # another shape were written out of place, and the ranks ended with different results.
+            header = torch.tensor([count, mine.sparse_dim(), mine.dim(), digest(tuple(mine.shape))],
+                                  dtype=torch.int64, device="cpu")
+            headers = self.all_gather(header, name)
+            if not bool((headers[:, 1:] == headers[0, 1:]).all()):
+                raise self._sparse_shapes_differ(mine, headers, name)
+            counts = headers[:, 0].tolist()
             most = max(counts)
             indices = torch.zeros(mine.sparse_dim(), most, dtype=torch.int64, device="cpu")
             indices[:, :count] = mine.indices()
@@ -164,7 +172,7 @@ class Collectives:
             indices, values = self.all_gather(indices, name), self.all_gather(values, name)
         whole = torch.sparse_coo_tensor(torch.cat([indices[r, :, :n] for r, n in enumerate(counts)], 1),
                                         torch.cat([values[r, :n] for r, n in enumerate(counts)]), tensor.shape,
-                                        device="cpu")
+                                        device="cpu", check_invariants=True)
         whole = whole.coalesce()
         if op == "avg":
             whole = whole / self.world
@@ -172,6 +180,17 @@ class Collectives:
         with torch.inference_mode(tensor.is_inference()), torch.no_grad():
             tensor.copy_(whole.to(tensor.device))
         return tensor
+
+    def _sparse_shapes_differ(self, mine: torch.Tensor, headers: torch.Tensor, name: str) -> ConfigError:
+        """Every rank has seen that the ranks' sparse tensors differ: each gathers their shapes
+        (padded to the longest, -1 past a shape's end) and names them alike."""
+        padded = torch.full((1 + int(headers[:, 2].max()),), -1, dtype=torch.int64, device="cpu")
+        padded[0] = mine.sparse_dim()
+        padded[1:1 + mine.dim()] = torch.tensor(mine.shape, dtype=torch.int64, device="cpu")
+        rows = self.all_gather(padded, name).tolist()
+        told = ", ".join(f"rank {r}: {[n for n in row[1:] if n >= 0]} ({row[0]} sparse)" for r, row in enumerate(rows))
+        return ConfigError(f"{name}: the ranks all-reduce sparse tensors of different shapes ({told}); every rank must "
+                           f"give one of the same shape and sparse dimensions")
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch.Tensor:
         check_broadcast(tensor, src, self.world, name)
@@ -545,6 +564,11 @@ def _at(site: tuple[str, int]) -> str:
 def error_line(exc: BaseException) -> str:
     """``Type: message`` of an exception, cut to fit a heartbeat: for the launcher's report."""
     return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def digest(value: object) -> int:
+    """A signed 64-bit digest of ``value``'s repr: the same on every rank for equal values."""
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def host_memory(tensor: torch.Tensor) -> memoryview:

@@ -12,7 +12,6 @@ every rank raises the same error naming the first difference.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +19,7 @@ from torch import nn
 
 from macfleet import objects
 from macfleet import runtime as rt
+from macfleet.collectives import digest
 from macfleet.errors import ConfigError
 
 
@@ -53,8 +53,7 @@ def check_same_model(module: nn.Module) -> None:
     """A collective: raises ``ConfigError`` on every rank if any rank's ``module`` differs from
     rank 0's in its layout."""
     mine = layout(module)
-    digest = int.from_bytes(hashlib.blake2b(repr(mine).encode(), digest_size=8).digest(), "little", signed=True)
-    mine_digest = torch.tensor([digest], dtype=torch.int64, device="cpu")
+    mine_digest = torch.tensor([digest(mine)], dtype=torch.int64, device="cpu")
     digests = rt.all_gather(mine_digest, name="model layout").flatten().tolist()
     if len(set(digests)) > 1:  # every rank sees it, so every rank takes part in the gather below
         raise ConfigError(difference(objects.all_gather_object(mine)))

@@ -112,9 +112,11 @@ def test_bool_complex_and_sparse_tensors_are_taken_as_torch_distributed_takes_th
     kind of collective, in shared memory and not (drawn above only by chance). They were a
     ConfigError, while torch.distributed takes both. So was a sparse COO tensor (an embedding's
     gradient reduced by hand), which gloo sums: each rank's entries at places of its own, single
-    numbers and rows, and a rank's tensor with no entries at all (5 numbers, a tenth kept)."""
+    numbers and rows, and a rank's tensor with no entries at all (5 numbers, a tenth kept).
+    Without torch's warning from every rank that sparse invariant checks are off: the sum is
+    built checked."""
     world, env = PATHS[path]
-    run_cases(tmp_path, world, [
+    job = run_cases(tmp_path, world, [
         {"kind": kind, "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, "shared": shared}
         for seed, (kind, dtype, op) in enumerate(
             [("all_reduce", "bool", op) for op in ("sum", "max", "min")] +
@@ -127,6 +129,7 @@ def test_bool_complex_and_sparse_tensors_are_taken_as_torch_distributed_takes_th
                                                    ("float32", "avg", 7_000), ("int64", "sum", 7_000),
                                                    ("bfloat16", "sum", 70_001), ("float64", "avg", 70_007)])
     ], env)
+    assert "Sparse invariant checks" not in job.output, job.output
 
 
 @pytest.mark.parametrize("path", ["w3-shm-tiny-slots", "w3-tcp-tiny-chunks-2-streams"])
@@ -266,3 +269,28 @@ def test_arguments_refused_in_a_job_are_refused_alone_too() -> None:
         assert [re.sub(r"world size \d", "", line) for line in ours] == \
             [re.sub(r"world size \d", "", line) for line in lines], (ours, lines)
 
+
+
+def test_sparse_tensors_of_different_shapes_are_named_not_summed(tmp_path) -> None:
+    """A sparse all-reduce gathers every rank's entries and sums them in the rank's own shape:
+    an embedding's gradient of 10 rows on one rank and 1000 on the other left each rank with a
+    different result, and wrote entries past the end of the smaller one. Every rank now names
+    both shapes. Then the same with one rank's tensor sparse in both dimensions."""
+    script = tmp_path / "shapes.py"
+    script.write_text("""
+import sys, torch, macfleet
+macfleet.init()
+rank = macfleet.rank()
+rows = 10 if rank == 0 or sys.argv[1] == "dims" else 1000
+t = torch.zeros(rows, 4)
+t[rows - 1] = 1
+macfleet.all_reduce(t.to_sparse(1) if rank == 0 or sys.argv[1] == "rows" else t.to_sparse(), name="embedding grad")
+""")
+    for how, named in (("rows", "rank 0: [10, 4] (1 sparse), rank 1: [1000, 4] (1 sparse)"),
+                       ("dims", "rank 0: [10, 4] (1 sparse), rank 1: [10, 4] (2 sparse)")):
+        job = run_launch("--nproc", "2", str(script), how, timeout=60)
+        assert job.code == 1, job.output
+        report = job.stderr[job.stderr.index("root cause"):]
+        assert f"ConfigError: embedding grad: the ranks all-reduce sparse tensors of different shapes ({named})" \
+            in report, report
+        assert "other ranks:" in report and "[ConfigError]" in report, report
