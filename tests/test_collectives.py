@@ -33,10 +33,12 @@ def cases(draw: st.DrawFn) -> dict:
     kind = draw(st.sampled_from(["all_reduce", "all_reduce", "broadcast", "all_gather"]))
     ops = {"complex64": ["sum", "avg"]}.get(dtype, ["sum", "avg", "max", "min"] if dtype in FLOATS
                                             else ["sum", "max", "min"])
+    shared, leaf = draw(st.booleans()), draw(st.booleans())
     return {
         "kind": kind, "dtype": dtype, "numel": draw(SIZES), "seed": draw(st.integers(0, 10**6)),
-        "op": draw(st.sampled_from(ops)), "src": draw(st.integers(0, 7)), "shared": draw(st.booleans()),
-        "leaf": draw(st.booleans()),
+        "op": draw(st.sampled_from(ops)), "src": draw(st.integers(0, 7)), "shared": shared, "leaf": leaf,
+        # a strided view (a column of a wider tensor), whose neighbours the collective must leave alone
+        "column": not (shared or leaf) and draw(st.booleans()),
     }
 
 

@@ -5,7 +5,8 @@ where the ranks share memory); one with ``leaf`` (floats) makes it a tensor that
 as a parameter is (``dist.broadcast(p, 0)`` works on one, and so must ours); one with
 ``inference`` makes it (or allocates the shared tensor) under ``torch.inference_mode()``, as
 evaluation metrics are, and calls the collective outside that mode (``made``) or inside it
-(``inside``); one with ``sparse``
+(``inside``); one with ``column`` passes the middle column of a ``[numel, 3]`` tensor (a
+strided view, whose neighbours must stay untouched); one with ``sparse``
 (an all-reduce) keeps about a tenth of each rank's entries, at places of its own, and reduces
 them as a sparse COO tensor, as an embedding's gradient is. A case with
 ``compression`` (an all-reduce of floats) takes random normal inputs, which half precision
@@ -87,8 +88,16 @@ def run(case, rank, world):
         t.requires_grad_()
     if case.get("sparse"):
         t = t.view(-1, 7).to_sparse(1) if case["numel"] % 7 == 0 else t.to_sparse()  # rows of 7, or single numbers
+    base = None
+    if case.get("column"):  # the middle column of [numel, 3]: strided, and its neighbours must stay as they are
+        base = torch.full((t.numel(), 3), 7, dtype=t.dtype)
+        base[:, 1] = t
+        t = base[:, 1]
     with torch.inference_mode(case.get("inference") == "inside"):
-        return check_compressed(case, t, world) if case.get("compression") else check(case, t, world)
+        problem = check_compressed(case, t, world) if case.get("compression") else check(case, t, world)
+    if problem is None and base is not None and not torch.equal(base[:, 0::2], torch.full_like(base[:, 0::2], 7)):
+        problem = "the collective wrote outside the column it was given"
+    return problem
 
 
 def check(case, t, world):
