@@ -38,6 +38,8 @@ def case(rng, knobs):
         dtype = rng.choice(["float32", "float16", "bfloat16"])
         op = rng.choice(["sum", "avg", "max", "min"])
         extra["compression"] = rng.choice(["fp16", "bf16"])
+        if rng.random() < 0.3:
+            extra["column"] = True
     else:
         dtype = rng.choice(FLOATS + INTS + OTHERS)
         op = rng.choice({"complex64": ["sum", "avg"]}.get(dtype, ["sum", "avg", "max", "min"] if dtype in FLOATS
@@ -48,6 +50,8 @@ def case(rng, knobs):
             extra["leaf"] = True
         elif rng.random() < 0.1:
             extra["inference"] = rng.choice(["made", "inside"])
+        elif not extra and rng.random() < 0.25:
+            extra["column"] = True
     return {"kind": kind, "dtype": dtype, "numel": numel(rng, knobs), "seed": rng.randint(0, 10**6), "op": op,
             "src": rng.randint(0, 7), **extra}
 
