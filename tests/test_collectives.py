@@ -272,12 +272,11 @@ def test_arguments_refused_in_a_job_are_refused_alone_too() -> None:
             [re.sub(r"world size \d", "", line) for line in lines], (ours, lines)
 
 
-
 def test_sparse_tensors_of_different_shapes_are_named_not_summed(tmp_path) -> None:
     """A sparse all-reduce gathers every rank's entries and sums them in the rank's own shape:
     an embedding's gradient of 10 rows on one rank and 1000 on the other left each rank with a
-    different result, and wrote entries past the end of the smaller one. Every rank now names
-    both shapes. Then the same with one rank's tensor sparse in both dimensions."""
+    different result, the smaller one holding an entry past its end (a sparse tensor torch does
+    not check unless asked). Every rank now names both shapes. Then the same with one rank's tensor sparse in both dimensions."""
     script = tmp_path / "shapes.py"
     script.write_text("""
 import sys, torch, macfleet

@@ -57,7 +57,7 @@ def main() -> None:
     macfleet.all_reduce(shared)
     assert shared.tolist() == [float(world)] * 10, shared
     orders = macfleet.all_gather_object(order)
-    assert sorted(sum(orders, [])) == list(range(50)) or len(sum(orders, [])) >= 50, orders
+    assert set(sum(orders, [])) == set(range(50)), orders  # every sample, drawn by a CPU generator
     assert macfleet.broadcast_object({"rank": rank})["rank"] == 0
     macfleet.barrier()
     macfleet.checkpoint.save(os.path.join(out, "ck.pt"), model, opt, step=3, sampler=sampler)
