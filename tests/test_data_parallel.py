@@ -304,10 +304,10 @@ def join_reference(case: str, world: int = 3) -> tuple[dict[str, torch.Tensor], 
                 (nn.functional.cross_entropy(model(x[part]), y[part]) / len(halves) / divisor).backward()
                 after[r] = {k: b.clone() for k, b in model.named_buffers()}
         opt.step()
-    final = range(world) if len(training) == world or own else [training[0]] * world
+    final = range(world) if len(training) in (0, world) or own else [training[0]] * world  # 0: no step taken
     params = dict(model.named_parameters())
     return {k: v.detach() for k, v in params.items()}, [after[r] for r in final], \
-        [opt.state[p]["momentum_buffer"] for p in params.values()]
+        [opt.state[p].get("momentum_buffer", torch.zeros_like(p)) for p in params.values()]
 
 
 JOIN_JOBS = {"default": ({}, ["even", "metric-even", "uneven", "accumulate", "own-buffers", "divide-by-training",

@@ -38,13 +38,16 @@ from torch import nn
 import macfleet
 from macfleet.runtime import runtime
 
-STEPS = {0: 2, 1: 5, 2: 3}  # batches per rank
+STEPS = {0: 2, 1: 5, 2: 3}  # batches per rank; JOIN_STEPS=N0,N1,... gives other counts, for any world size
 BATCH = 8
 SLOW_STEP_S = 0.5
 
 
 def batches(case, rank):
-    return 4 if case in ("even", "metric-even") else STEPS[rank]
+    if case in ("even", "metric-even"):
+        return 4
+    given = os.environ.get("JOIN_STEPS")
+    return int(given.split(",")[rank]) if given else STEPS[rank]
 
 
 def make_model(case="uneven"):
@@ -118,7 +121,9 @@ def run(case, out):
     except macfleet.UnevenInputs as exc:
         print(f"rank {rank} stopped after {steps} steps: {exc}", flush=True)
     state = {"model": {k: v.cpu() for k, v in model.module.state_dict().items()},
-             "momentum": [optimizer.state[p]["momentum_buffer"].cpu() for p in model.module.parameters()],
+             # none where no step was taken (a rank out of batches at the start stops every rank at once)
+             "momentum": [optimizer.state[p].get("momentum_buffer", torch.zeros_like(p)).cpu()
+                          for p in model.module.parameters()],
              "steps": steps, "stood_by_s": collectives.stood_by_s - stood_by, "waited_s": collectives.waited_s - waited}
     os.makedirs(out, exist_ok=True)
     torch.save(state, f"{out}/rank{rank}.pt")
