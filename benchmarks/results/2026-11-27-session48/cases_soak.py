@@ -3,7 +3,9 @@
 python run.py SEED JOBS [OUTDIR]; CASE_HOSTS=127.0.0.2:2,127.0.0.3:1,127.0.0.1:2 runs through a test sshd.
 Prints one line a job; keeps the case file and output of every job that failed or hung.
 """
-import json, os, pathlib, random, shutil, signal, subprocess, sys, tempfile, time
+import json, os, pathlib, random, sys, tempfile, time
+
+from soak_jobs import LAUNCH, arguments, drawer, run_job, settle
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]  # the checkout
 CASES = ROOT / "tests/bin/collective_cases.py"
@@ -58,7 +60,7 @@ def case(rng, knobs):
 
 def knobs(rng):
     env = {}
-    pick = lambda name, values, p=0.5: env.__setitem__(name, str(rng.choice(values))) if rng.random() < p else None
+    pick = drawer(rng, env)
     pick("MACFLEET_SHM", [0, 1], 0.4)
     pick("MACFLEET_CHUNK_BYTES", [1000, 4096, 65536, 1 << 20])
     pick("MACFLEET_SMALL_BYTES", [64, 256, 4096, 65536])
@@ -73,9 +75,7 @@ def knobs(rng):
 
 
 def main():
-    seed, jobs = int(sys.argv[1]), int(sys.argv[2])
-    outdir = pathlib.Path(sys.argv[3] if len(sys.argv) > 3 else tempfile.mkdtemp(prefix="casesoak-"))
-    outdir.mkdir(parents=True, exist_ok=True)
+    seed, jobs, outdir = arguments("casesoak-")
     hosts = os.environ.get("CASE_HOSTS")
     server = None
     if hosts:
@@ -100,24 +100,10 @@ def main():
         (work / "cases.json").write_text(json.dumps(cases))
         (work / "out").mkdir()
         placement = ["--hosts", layout, *server.launch_options()] if layout else ["--nproc", str(world)]
-        cmd = [sys.executable, "-m", "macfleet.launcher.cli", "launch", *placement, "--device", "cpu",
-               str(CASES), str(work / "cases.json"), str(work / "out")]
-        if os.environ.get("CASE_LAUNCH"):
-            cmd = os.environ["CASE_LAUNCH"].split() + cmd[3:]
+        launch = [*os.environ["CASE_LAUNCH"].split(), "launch"] if os.environ.get("CASE_LAUNCH") else LAUNCH
+        cmd = [*launch, *placement, "--device", "cpu", str(CASES), str(work / "cases.json"), str(work / "out")]
         t0 = time.time()
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env={**os.environ, **env}, start_new_session=True)
-        try:
-            out, _ = p.communicate(timeout=300)
-            verdict = "ok" if p.returncode == 0 else f"exit {p.returncode}"
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGINT)
-            try:
-                out, _ = p.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                out, _ = p.communicate()
-            verdict = "HUNG"
+        verdict, out = run_job(cmd, env)
         failures = []
         for f in sorted((work / "out").glob("rank-*.json")):
             failures += json.loads(f.read_text())["failures"]
@@ -129,13 +115,10 @@ def main():
         sizes = sorted(c["numel"] for c in cases)
         print(f"job {j} {layout or ''} world {world} cases {len(cases)} max numel {sizes[-1]} {time.time() - t0:.1f}s {verdict} "
               f"{' '.join(f'{k[9:]}={v}' for k, v in sorted(env.items()))}", flush=True)
-        if verdict == "ok":
-            shutil.rmtree(work)
-        else:
-            bad += 1
-            (work / "output.txt").write_text(out)
-            (work / "env.json").write_text(json.dumps({"env": env, "world": world, "cmd": cmd}))
-            print(out[-3000:], flush=True)
+        (work / "env.json").write_text(json.dumps({"env": env, "world": world, "cmd": cmd}))
+        bad += settle(work, verdict, out)
+    if server is not None:
+        server.stop()
     print(f"done: {jobs} jobs, {total_cases} cases, {bad} bad; kept in {outdir}", flush=True)
 
 

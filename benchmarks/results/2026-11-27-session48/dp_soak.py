@@ -1,6 +1,8 @@
 """Many jobs of DataParallel cases (tests/bin/dp_cases.py) at random world sizes and knobs, each
-case's parameters checked against one process on the whole batch. python dp.py SEED JOBS [OUTDIR]"""
-import os, pathlib, random, shutil, signal, subprocess, sys, tempfile, time
+case's parameters checked against one process on the whole batch. python dp_soak.py SEED JOBS [OUTDIR]"""
+import pathlib, random, sys, tempfile, time
+
+from soak_jobs import LAUNCH, arguments, drawer, run_job, settle
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]  # the checkout
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests/bin")]
@@ -13,7 +15,7 @@ refs = {}
 
 def knobs(rng):
     env = {}
-    pick = lambda name, values, p=0.5: env.__setitem__(name, str(rng.choice(values))) if rng.random() < p else None
+    pick = drawer(rng, env)
     pick("MACFLEET_SHM", [0, 1], 0.4)
     pick("MACFLEET_CHUNK_BYTES", [1000, 4096, 65536])
     pick("MACFLEET_SMALL_BYTES", [64, 256, 4096])
@@ -28,9 +30,7 @@ def knobs(rng):
 
 
 def main():
-    seed, jobs = int(sys.argv[1]), int(sys.argv[2])
-    outdir = pathlib.Path(sys.argv[3] if len(sys.argv) > 3 else tempfile.mkdtemp(prefix="dpsoak-"))
-    outdir.mkdir(parents=True, exist_ok=True)
+    seed, jobs, outdir = arguments("dpsoak-")
     rng = random.Random(seed)
     bad = 0
     for j in range(jobs):
@@ -41,18 +41,10 @@ def main():
         work = pathlib.Path(tempfile.mkdtemp(prefix=f"job{j}-", dir=outdir))
         if rng.random() < 0.3:
             env["MACFLEET_LAUNCH_TIMELINE"] = str(work / "timeline.json")
-        cmd = [sys.executable, "-m", "macfleet.launcher.cli", "launch", "--nproc", str(world), "--device", "cpu",
+        cmd = [*LAUNCH, "--nproc", str(world), "--device", "cpu",
                str(ROOT / "tests/bin/dp_cases.py"), ",".join(cases), str(work)]
         t0 = time.time()
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env={**os.environ, **env}, start_new_session=True)
-        try:
-            out, _ = p.communicate(timeout=300)
-            verdict = "ok" if p.returncode == 0 else f"exit {p.returncode}"
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            out, _ = p.communicate()
-            verdict = "HUNG"
+        verdict, out = run_job(cmd, env)
         wrong = []
         if verdict == "ok":
             for case in cases:
@@ -69,12 +61,7 @@ def main():
             verdict = "WRONG " + ", ".join(wrong)
         print(f"job {j} world {world} {time.time() - t0:.1f}s {verdict} cases {','.join(cases)} "
               f"{' '.join(f'{k[9:]}={v}' for k, v in sorted(env.items()) if 'TIMELINE' not in k)}", flush=True)
-        if verdict == "ok":
-            shutil.rmtree(work)
-        else:
-            bad += 1
-            (work / "output.txt").write_text(out)
-            print(out[-3000:], flush=True)
+        bad += settle(work, verdict, out)
     print(f"done: {jobs} jobs, {bad} bad; kept in {outdir}", flush=True)
 
 
