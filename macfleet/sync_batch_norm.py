@@ -64,8 +64,8 @@ class SyncBatchNorm(nn.SyncBatchNorm):
 
 
 def _on_host(packed: torch.Tensor, collective: str) -> torch.Tensor:
-    """``packed`` (float32, on the device) gathered or summed over all ranks, back on the device.
-    The copy to the host is made here, on the thread that runs forward or backward: the bucket
+    """``packed`` (on the device; float32, or float64 for a float64 model) gathered or summed
+    over all ranks, back on the device. The copy to the host is made here, on the thread that runs forward or backward: the bucket
     thread must not issue device work (Metal forbids two threads' at once)."""
     host = packed.cpu()
     with rt.on_behalf_of("SyncBatchNorm"):
@@ -91,10 +91,11 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         channels = x.shape[1]
         dims = [0, *range(2, x.dim())]
         shape = [1, channels] + [1] * (x.dim() - 2)
-        x32 = x.float()
+        # float32 for half precision, as torch's BatchNorm; a float64 model keeps its precision
+        xf = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
         count = x.numel() // channels
-        mean = x32.mean(dims) if count else x32.new_zeros(channels)
-        m2 = (x32 - mean.view(shape)).square().sum(dims)  # measured: 4x faster than var_mean on a CPU
+        mean = xf.mean(dims) if count else xf.new_zeros(channels)
+        m2 = (xf - mean.view(shape)).square().sum(dims)  # measured: 4x faster than var_mean on a CPU
         stats = _on_host(torch.cat([mean.new_tensor([count]), mean, m2]), "gather")  # [world, 2C+1]
         counts, means, m2s = stats[:, :1], stats[:, 1:channels + 1], stats[:, channels + 1:]
         total = float(counts.sum())
@@ -102,22 +103,22 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             raise ValueError("SyncBatchNorm: every rank's batch is empty")
         global_mean = (counts * means).sum(0) / total
         var = (m2s + counts * (means - global_mean).square()).sum(0) / total  # biased, for normalizing
-        w32 = None if weight is None else weight.float()
-        b32 = None if bias is None else bias.float()
-        out = F.batch_norm(x32, global_mean, var, w32, b32, False, 0.0, eps)
-        ctx.save_for_backward(x32, global_mean, var, w32)
+        wf = None if weight is None else weight.to(xf.dtype)
+        bf = None if bias is None else bias.to(xf.dtype)
+        out = F.batch_norm(xf, global_mean, var, wf, bf, False, 0.0, eps)
+        ctx.save_for_backward(xf, global_mean, var, wf)
         ctx.total, ctx.eps, ctx.dtype = total, eps, None if weight is None else weight.dtype
         ctx.mark_non_differentiable(global_mean, var)
         return out.to(x.dtype), global_mean, var, total
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor, *_: Any) -> tuple[torch.Tensor | None, ...]:
-        x32, mean, var, w32 = ctx.saved_tensors
-        dy32 = dy.float()
+        xf, mean, var, wf = ctx.saved_tensors
+        dyf = dy.to(xf.dtype)
         dims = [0, *range(2, dy.dim())]
-        xhat = F.batch_norm(x32, mean, var, None, None, False, 0.0, ctx.eps)  # (x - mean) * invstd
-        sum_dy = dy32.sum(dims)
-        sum_dy_xhat = xhat.mul_(dy32).sum(dims)
+        xhat = F.batch_norm(xf, mean, var, None, None, False, 0.0, ctx.eps)  # (x - mean) * invstd
+        sum_dy = dyf.sum(dims)
+        sum_dy_xhat = xhat.mul_(dyf).sum(dims)
         del xhat
         # a None weight or bias needs no gradient; with one, BatchNorm has both, of one dtype
         grad_weight = sum_dy_xhat.to(ctx.dtype) if ctx.needs_input_grad[1] else None
@@ -128,11 +129,11 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             channels = mean.numel()
             mean_dy, mean_dy_xhat = sums[:channels] / ctx.total, sums[channels:] / ctx.total
             scale = torch.rsqrt(var + ctx.eps)
-            if w32 is not None:
-                scale = scale * w32
+            if wf is not None:
+                scale = scale * wf
             # scale * (dy - mean_dy - xhat * mean_dy_xhat): the terms in x are eval-mode
             # BatchNorm with weight -scale * mean_dy_xhat and bias -scale * mean_dy, one fused
             # pass; dy * scale is then added in place
-            grad_x = F.batch_norm(x32, mean, var, -scale * mean_dy_xhat, -scale * mean_dy, False, 0.0, ctx.eps)
-            grad_x = grad_x.addcmul_(dy32, scale.view([1, channels] + [1] * (dy.dim() - 2))).to(dy.dtype)
+            grad_x = F.batch_norm(xf, mean, var, -scale * mean_dy_xhat, -scale * mean_dy, False, 0.0, ctx.eps)
+            grad_x = grad_x.addcmul_(dyf, scale.view([1, channels] + [1] * (dy.dim() - 2))).to(dy.dtype)
         return grad_x, grad_weight, grad_bias, None

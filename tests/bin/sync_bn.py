@@ -1,5 +1,6 @@
 """One training step of an ``nn.SyncBatchNorm`` (converted as for DDP) on batches of different
-sizes and statistics: ``sync_bn.py OUT_DIR [SIZES]`` (images per rank, by default 1,2,3).
+sizes and statistics: ``sync_bn.py OUT_DIR [SIZES [DTYPE]]`` (images per rank, by default 1,2,3;
+float32 unless DTYPE says float64).
 Each rank saves its input's gradient, its parameters' (averaged) gradients and its running
 statistics to ``OUT_DIR/RANK.pt``; the test compares them with one ``nn.BatchNorm2d`` on
 every rank's batch at once."""
@@ -12,30 +13,31 @@ from torch import nn
 import macfleet
 
 
-def make_norm() -> nn.BatchNorm2d:
+def make_norm(dtype: torch.dtype = torch.float32) -> nn.BatchNorm2d:
     torch.manual_seed(0)
-    norm = nn.BatchNorm2d(3)
+    norm = nn.BatchNorm2d(3, dtype=dtype)
     with torch.no_grad():  # not the default 1 and 0, so a wrong use of either shows
         norm.weight.uniform_(0.5, 1.5)
         norm.bias.uniform_(-1, 1)
     return norm
 
 
-def batch(rank: int, images: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(rank: int, images: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank r's images and the weights of its loss, each rank's drawn apart and shifted and
     scaled, so its statistics differ from the others'."""
     g = torch.Generator().manual_seed(10 + rank)
-    x = torch.randn(images, 3, 4, 5, generator=g) * (rank + 1) + rank
-    return x, torch.randn(x.shape, generator=g)
+    x = torch.randn(images, 3, 4, 5, generator=g, dtype=dtype) * (rank + 1) + rank
+    return x, torch.randn(x.shape, generator=g, dtype=dtype)
 
 
 def main() -> None:
     macfleet.init()
     rank = macfleet.rank()
-    net = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(make_norm()))
+    dtype = getattr(torch, sys.argv[3]) if len(sys.argv) > 3 else torch.float32
+    net = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(make_norm(dtype)))
     model = macfleet.DataParallel(net)
     sizes = [int(n) for n in (sys.argv[2] if len(sys.argv) > 2 else "1,2,3").split(",")]
-    x, weights = batch(rank, sizes[rank])
+    x, weights = batch(rank, sizes[rank], dtype)
     x.requires_grad_(True)
     (model(x) * weights).sum().backward()
     norm = net[0]
