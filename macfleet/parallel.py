@@ -70,18 +70,34 @@ class DataParallel(nn.Module):
         if compression not in WIRE_DTYPES:
             raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
         self.module = module
-        self.runtime = rt.runtime()
         leave_out_of_graphs()
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
         self.compression = compression
         self.require_backward_grad_sync = True
         self.last_wait_s = 0.0  # how long the end of the last backward waited for communication
-        self._step_ended: tuple[float, float] | None = None  # when the last step's exchange ended, and waited_s then
-        self._weights = _share_weights(shares, self.runtime.world_size)  # each rank's, as given
-        self.scale = self._weights[self.runtime.rank] * len(self._weights) / sum(self._weights)
-        self._join: Join | None = None  # the join() block this DataParallel trains in, if any
+        self._shares = None if shares is None else list(shares)  # as given: each rank's weight (``_attach``)
         self._caps = int(first_bucket_mb * 2**20), int(bucket_cap_mb * 2**20)
+        self._forget_place()
+        self._attach(rt.runtime())
+        if self.runtime.world_size == 1:
+            # refused in a job of one too, so a script does not work on one Mac and fail on two
+            _check_trainable([(n, p) for n, p in module.named_parameters() if p.requires_grad], self.runtime.device)
+            return
+        with torch.no_grad(), rt.on_behalf_of("DataParallel (start)"):
+            _agree_on_options(shares, self.runtime.world_size, {
+                "bucket_cap_mb": bucket_cap_mb, "first_bucket_mb": first_bucket_mb,
+                "broadcast_buffers": broadcast_buffers, "find_unused_parameters": find_unused_parameters,
+                "compression": compression})
+        self._lay_out("DataParallel (start)")
+
+    def _forget_place(self) -> None:
+        """No place in a job yet, and no buckets: at construction, and in what a copy or a pickle
+        keeps (``__getstate__``)."""
+        self._runtime: rt.Runtime | None = None  # the job's, from the first use (``runtime``)
+        self.scale = 1.0  # this rank's gradients' weight in the averages (``_attach``)
+        self._step_ended: tuple[float, float] | None = None  # when the last step's exchange ended, and waited_s then
+        self._join: Join | None = None  # the join() block this DataParallel trains in, if any
         self.buckets: list[Bucket] = []
         self._where: dict[int, tuple[Bucket, int]] = {}
         self._hooks: list[Any] = []  # handles of the hooks on the bucketed parameters
@@ -91,26 +107,46 @@ class DataParallel(nn.Module):
         self._known_params: list[tuple[str, nn.Parameter]] = []
         self._trainable: list[bool] = []
         self._known_buffers: list[torch.Tensor] = []
-        self._seen = -1
+        self._seen = -1  # never laid out
         self._queued = False  # a gradient of this backward has come: the step's exchange is under way
         self._finish_queued = False  # the end-of-backward callback is queued on a backward under way
         self._began = 0.0  # with the timeline on: when this forward, or this backward's first gradient, came
         self._forwards = 0  # training forwards since a backward last reached the outputs (join() allows one)
         self._released = 0  # buckets released for averaging in this step: always a prefix, in index order
         self._comm: BucketThread | None = None
-        if self.runtime.world_size == 1:
-            # refused in a job of one too, so a script does not work on one Mac and fail on two
-            _check_trainable([(n, p) for n, p in module.named_parameters() if p.requires_grad], self.runtime.device)
-            return
-        assert self.runtime.collectives is not None  # several ranks: there is a ring
-        self._collectives: Collectives = self.runtime.collectives  # for the hooks below
-        self._collectives.step_share = self.scale / self.runtime.world_size  # its part of each step
-        with torch.no_grad(), rt.on_behalf_of("DataParallel (start)"):
-            _agree_on_options(shares, self.runtime.world_size, {
-                "bucket_cap_mb": bucket_cap_mb, "first_bucket_mb": first_bucket_mb,
-                "broadcast_buffers": broadcast_buffers, "find_unused_parameters": find_unused_parameters,
-                "compression": compression})
-        self._lay_out("DataParallel (start)")
+
+    # -- copies -------------------------------------------------------------------------------
+    @property
+    def runtime(self) -> rt.Runtime:
+        """The job this DataParallel averages in: the process's, from construction, or for a copy
+        (``copy.deepcopy``, ``torch.load``) from its first training forward."""
+        if self._runtime is None:
+            self._attach(rt.runtime())
+        assert self._runtime is not None
+        return self._runtime
+
+    def _attach(self, runtime: rt.Runtime) -> None:
+        self._weights = _share_weights(self._shares, runtime.world_size)  # each rank's
+        self._runtime = runtime
+        self.scale = self._weights[runtime.rank] * len(self._weights) / sum(self._weights)
+        if runtime.world_size > 1:
+            assert runtime.collectives is not None  # several ranks: there is a ring
+            self._collectives: Collectives = runtime.collectives  # for the hooks below
+            self._collectives.step_share = self.scale / runtime.world_size  # its part of each step
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy (``copy.deepcopy``, ``AveragedModel(model)``) or a pickle
+        (``torch.save(model)``) keeps: the module and the options, not this process's place in
+        the job (its connections and threads) nor the buckets. A copy lays its own out at its
+        first training forward, as after a fine-tuning change, which broadcasts rank 0's
+        parameters: every rank trains it, or none does. Until then, and wherever it is loaded,
+        a forward in eval mode or without autograd is the module's own, and needs no job."""
+        state = self.__dict__.copy()
+        state.pop("_collectives", None)
+        placeless = _Placeless()
+        DataParallel._forget_place(placeless)  # type: ignore[arg-type]  # assigns plain attributes only
+        state.update(vars(placeless))
+        return state
 
     # -- layout -------------------------------------------------------------------------------
     def _lay_out(self, caller: str) -> None:
@@ -146,6 +182,8 @@ class DataParallel(nn.Module):
         """Whether the module's parameters changed since the buckets were laid out. Walking the
         module tree costs 0.5 ms a step on a ResNet-50; torch's registration hooks say when a
         walk is due, and whether each parameter trains is read from the list kept."""
+        if self._seen < 0:  # never laid out: a copy's first training forward
+            return True
         if self._seen != _Registrations.count:
             self._seen = _Registrations.count
             params = list(self.module.named_parameters())
@@ -587,6 +625,10 @@ def _check_trainable(named: list[tuple[str, nn.Parameter]], device: Device) -> N
                 f"parameter {name!r} is not initialized yet (a lazy module such as nn.LazyLinear): run one "
                 f"forward pass on a sample batch before wrapping the model, as DDP asks too")
         device.check_dtype(p, f"parameter {name!r}")
+
+
+class _Placeless:
+    """Holds the attributes ``DataParallel._forget_place`` gives, for ``__getstate__``."""
 
 
 class _Registrations:

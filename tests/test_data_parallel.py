@@ -3,6 +3,7 @@ against the oracle: one process training on the whole batch."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -13,11 +14,13 @@ from typing import Callable
 import pytest
 import torch
 from torch import nn
+from torch.optim.swa_utils import AveragedModel
 
 import macfleet
 from conftest import BIN, Job, run_launch
 
 sys.path.insert(0, str(BIN))
+import copies  # noqa: E402
 import dp_cases  # noqa: E402
 import join_cases  # noqa: E402
 import oracle  # noqa: E402
@@ -237,6 +240,38 @@ def test_sync_batch_norm_normalizes_with_the_whole_global_batch(request, tmp_pat
         assert torch.allclose(got["bias.grad"], norm.bias.grad / 3, atol=tolerance, rtol=0), rank
         assert torch.allclose(got["running_mean"], norm.running_mean, atol=tolerance / 10, rtol=0), rank
         assert torch.allclose(got["running_var"], norm.running_var, atol=tolerance, rtol=0), rank
+
+
+@pytest.mark.parametrize("shm", ["1", "0"], ids=["shared memory", "sockets"])
+def test_copies_of_a_data_parallel_train_as_its_own(tmp_path, shm: str) -> None:
+    """``AveragedModel(model)``, ``copy.deepcopy(model)`` and ``torch.save(model)`` of a
+    DataParallel failed with "cannot pickle '_thread.lock' object" (DDP's can be copied). A copy
+    keeps the module and the options; it joins the job at its first training forward, so rank 0
+    can copy and evaluate one alone, and a student copied from the model is averaged as a model
+    of its own. The model, the EMA, the student and the snapshot must be what one process makes
+    on the whole batch; the pickle loads here, outside any job, and evaluates as the model did."""
+    job = run_launch("--nproc", "3", "--env", f"MACFLEET_SHM={shm}", str(BIN / "copies.py"), str(tmp_path),
+                     timeout=60)
+    assert job.code == 0, job.output
+    model = oracle.make_model()
+    optimizer = oracle.make_optimizer(model)
+    x, y = oracle.make_batch()
+    copies.step(model, optimizer, x, y)
+    ema, student, snapshot = AveragedModel(model), copy.deepcopy(model), copy.deepcopy(model)
+    student_optimizer = oracle.make_optimizer(student)
+    for _ in range(copies.STEPS):
+        copies.step(model, optimizer, x, y)
+        ema.update_parameters(model)
+        copies.step(student, student_optimizer, x, y)
+    got = torch.load(tmp_path / "copies.pt")
+    for what, want in [("model", model), ("ema", ema.module), ("student", student), ("snapshot", snapshot)]:
+        for name, value in want.state_dict().items():
+            assert torch.allclose(got[what][name], value, atol=1e-5, rtol=0), (what, name)
+    assert not torch.allclose(got["student"]["0.weight"], got["snapshot"]["0.weight"], atol=1e-3)  # it trained
+    whole = torch.load(tmp_path / "whole.pt", weights_only=False)
+    assert type(whole) is macfleet.DataParallel
+    with torch.no_grad():
+        assert torch.allclose(whole.eval()(x), snapshot(x), atol=1e-6, rtol=0)
 
 
 def test_sync_batch_norm_alone_is_a_plain_batch_norm_even_beside_a_process_group(tmp_path) -> None:
