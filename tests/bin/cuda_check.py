@@ -5,13 +5,15 @@ and inference tensors in place), the DataParallel oracle on CUDA against a CPU r
 whole batch (one model, two in one backward, SyncBatchNorm, a reentrant checkpoint, two
 forwards before one backward, a gradient penalty, a custom autograd function's all-reduce
 inside backward, a model fine-tuned with layers unfrozen and
-a new head after wrapping, and ``torch.compile`` of the wrapper with inductor), memory reports
+a new head after wrapping, a deep copy of a wrapper trained on its own, and ``torch.compile``
+of the wrapper with inductor), memory reports
 and the cache given back, the memory fraction, and ``PolledEvent`` (how MPS events are waited
 for) on a real device event.
 The oracle also runs with every device copy issued from the thread that runs backward, as on
 MPS (``Device.copies_from_training_thread``).
 """
 
+import copy
 import gc
 import json
 import sys
@@ -193,6 +195,17 @@ for module, run, inputs, targets, r in ((tuned_ref, tuned_ref, x, y, 0),
         opt.step()
 out["oracle_max_diff_fine_tune"] = max_diff(tuned, tuned_ref)
 del run
+gc.collect()
+# a copy (copy.deepcopy, AveragedModel) of a wrapper that trained: its buckets and their host
+# staging buffers are laid out at the copy's first training forward, and it trains on its own
+teacher = macfleet.DataParallel(oracle.make_model().to(dev), **tiny)
+train(teacher, teacher, xs, ys)
+student, student_ref = copy.deepcopy(teacher), copy.deepcopy(ref)
+train(student, student, xs, ys)
+train(student_ref, student_ref, x, y)
+out["oracle_max_diff_copy"] = max(max_diff(student.module, student_ref), max_diff(teacher.module, ref))
+out["copy_trained"] = max_diff(student.module, ref) > 1e-3
+del teacher, student
 gc.collect()
 # torch.compile of the wrapper, as DDP's users write it, with the default backend (inductor:
 # Triton kernels on CUDA), compiled once although the script makes a loss module at every step
