@@ -74,8 +74,6 @@ class DataParallel(nn.Module):
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
         self.compression = compression
-        self.require_backward_grad_sync = True
-        self.last_wait_s = 0.0  # how long the end of the last backward waited for communication
         self._shares = None if shares is None else list(shares)  # as given: each rank's weight (``_attach``)
         self._caps = int(first_bucket_mb * 2**20), int(bucket_cap_mb * 2**20)
         self._forget_place()
@@ -95,6 +93,8 @@ class DataParallel(nn.Module):
         """No place in a job yet, and no buckets: at construction, and in what a copy or a pickle
         keeps (``__getstate__``)."""
         self._runtime: rt.Runtime | None = None  # the job's, from the first use (``runtime``)
+        self.require_backward_grad_sync = True  # a copy made inside no_sync() is not inside the block
+        self.last_wait_s = 0.0  # how long the end of the last backward waited for communication
         self.scale = 1.0  # this rank's gradients' weight in the averages (``_attach``)
         self._step_ended: tuple[float, float] | None = None  # when the last step's exchange ended, and waited_s then
         self._join: Join | None = None  # the join() block this DataParallel trains in, if any

@@ -2,7 +2,7 @@
 
 After one step every rank makes ``AveragedModel(model)`` (an EMA of the weights, which deep-copies
 the DataParallel) and ``copy.deepcopy(model)`` (a student trained beside the model, as a
-DataParallel of its own); rank 0 alone deep-copies a snapshot and evaluates it, and pickles the
+DataParallel of its own; copied inside the model's ``no_sync()`` block); rank 0 alone deep-copies a snapshot and evaluates it, and pickles the
 whole model with ``torch.save(model)``. Then every rank trains the model and the student for
 ``STEPS`` steps, updating the EMA. Rank 0 saves what each ended with to ``OUT/copies.pt`` (the
 pickle: ``OUT/whole.pt``); the test trains the same in one process on the whole batch."""
@@ -38,7 +38,8 @@ def main() -> None:
     shard = slice(rank * oracle.BATCH // world, (rank + 1) * oracle.BATCH // world)
     step(model, optimizer, x[shard], y[shard])
     ema = AveragedModel(model)
-    student = copy.deepcopy(model)
+    with model.no_sync():  # the block is the model's: the copy averages
+        student = copy.deepcopy(model)
     student_optimizer = oracle.make_optimizer(student)
     if rank == 0:  # alone: a copy needs no other rank until its first training forward
         snapshot = copy.deepcopy(model).eval()
