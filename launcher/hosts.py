@@ -56,11 +56,20 @@ def _host(text: str, slots: int, addrs: tuple[str, ...], where: str, share: int 
     if not m and "%" in text:  # fe80::1%en0: the interface is one of this Mac's, not the others'
         raise ValueError(f"{where}: {text!r} is a link-local IPv6 address, which names an interface of this Mac "
                          f"only; give the Mac's name or another address (a Thunderbolt bridge's 169.254.x.x)")
+    if not m and ":" in text and "[" not in text:
+        raise ValueError(_ipv6_unbracketed(where, text, slots_after=False))
     if not m:
         raise ValueError(f"{where}: {text!r} is not a host name (expected [user@]host)")
     if slots < 1:
         raise ValueError(f"{where}: slots must be at least 1, not {slots}")
     return Host(name=m["host"].strip("[]"), slots=slots, user=m["user"], addrs=addrs, share=share)
+
+
+def _ipv6_unbracketed(where: str, text: str, slots_after: bool) -> str:
+    user, at, address = text.rpartition("@")
+    bracketed = f"{user}{at}[{address}]"
+    return (f"{where}: {text!r} looks like an IPv6 address: write it in brackets, {bracketed}" +
+            (f", with its slots after them ({bracketed}:2)" if slots_after else ""))
 
 
 def parse_hosts(text: str, default_slots: int = 1) -> list[Host]:
@@ -70,6 +79,8 @@ def parse_hosts(text: str, default_slots: int = 1) -> list[Host]:
         where = f"--hosts entry {i + 1}"
         if not entry:
             raise ValueError(f"{where} is empty")
+        if entry.count(":") > 1 and "[" not in entry:  # ::1 read as host ':' with 1 slot
+            raise ValueError(_ipv6_unbracketed(where, entry, slots_after=True))
         name, sep, slots = entry.rpartition(":") if not entry.endswith("]") else ("", "", "")
         if not sep or "]" in slots:
             name, slots = entry, ""
@@ -84,7 +95,8 @@ def parse_hostfile(path: str, default_slots: int = 1) -> list[Host]:
     """A hostfile in the format above, or in MLX's JSON (``mlx_hosts``)."""
     with open(path) as f:
         text = f.read()
-    if text.lstrip().startswith(("[", "{")):
+    # MLX's: a list of objects or an object; a line of ours may begin with an IPv6 address's "["
+    if re.match(r'\s*(\{|\[\s*[{"\]])', text):
         hosts = mlx_hosts(path, text, default_slots)
     else:
         hosts = [host for number, line in enumerate(text.splitlines(), 1)

@@ -231,6 +231,10 @@ def test_host_lists() -> None:
     assert parse_hosts("[fd00::2]:2")[0].name == "fd00::2"
     with pytest.raises(ValueError, match="link-local IPv6 address, which names an interface of this Mac only"):
         parse_hosts("[fe80::1%en0]:2")
+    # without brackets, "::1" was read as the host ':' with 1 slot ("':' is not a host name")
+    with pytest.raises(ValueError, match=r"entry 2: 'bob@fd00::2' looks like an IPv6 address: write it in "
+                                         r"brackets, bob@\[fd00::2\], with its slots after them \(bob@\[fd00::2\]:2\)"):
+        parse_hosts("a:2,bob@fd00::2")
 
 
 def test_hostfile_names_the_bad_line(tmp_path) -> None:
@@ -252,6 +256,10 @@ def test_hostfile_names_the_bad_line(tmp_path) -> None:
     assert parse_hostfile(str(path))[0].addr == "fd00::2"
     # each Mac would read the %interface as one of its own
     refused("mini1 addr=fe80::1%en5\n", r":1: addr=fe80::1%en5 is a link-local IPv6 address")
+    # a first host in brackets was taken for MLX's JSON ("not JSON"); one without, for a bad name
+    path.write_text("[fd00::2] slots=2\nbob@[fd00::3]\n")
+    assert [(h.name, h.slots, h.user) for h in parse_hostfile(str(path))] == [("fd00::2", 2, None), ("fd00::3", 1, "bob")]
+    refused("fd00::2 slots=2\n", r":1: 'fd00::2' looks like an IPv6 address: write it in brackets, \[fd00::2\]$")
     # one address per cable (MLX's Thunderbolt rings): the first is the host's main one
     path.write_text("studio1 addr=192.168.1.1,[fd00::3]\n")
     assert [(h.addr, h.addrs) for h in parse_hostfile(str(path))] == [("192.168.1.1", ("192.168.1.1", "fd00::3"))]
