@@ -38,9 +38,12 @@ comes; the model returns its logits in a dataclass), ``input-gradient`` (a gradi
 contrastive loss makes; the model multiplies by a buffer, which the first forward's backward
 needs as it was: the second forward's broadcast of the buffers must not count as changing it),
 ``in-backward`` (a custom autograd function that all-reduces in forward and in backward, in the
-middle of the model: its backward's collective comes while buckets are in flight).
+middle of the model: its backward's collective comes while buckets are in flight), ``copied``
+(the script trains ``copy.deepcopy`` of the DataParallel, which lays its buckets out at its
+first training forward).
 """
 
+import copy
 import os
 import sys
 from dataclasses import dataclass
@@ -356,6 +359,9 @@ def run(case, out):
             torch._dynamo.config.error_on_recompile = True  # a graph compiled once serves every step
         modules = {name.rpartition(".")[0] for name, p in module.named_parameters() if p.requires_grad}
         assert len(model.buckets) == (1 if single else len(modules)), len(model.buckets)
+    if case == "copied":
+        model = copy.deepcopy(model)
+        module = model.module
     if case == "cast-after-wrap":
         model.double()
     opt = make_optimizer(case, model)
