@@ -65,8 +65,9 @@ class SyncBatchNorm(nn.SyncBatchNorm):
 
 def _on_host(packed: torch.Tensor, collective: str) -> torch.Tensor:
     """``packed`` (on the device; float32, or float64 for a float64 model) gathered or summed
-    over all ranks, back on the device. The copy to the host is made here, on the thread that runs forward or backward: the bucket
-    thread must not issue device work (Metal forbids two threads' at once)."""
+    over all ranks, back on the device. The copy to the host is made here, on the thread that
+    runs forward or backward: the bucket thread must not issue device work (Metal forbids two
+    threads' at once)."""
     host = packed.cpu()
     with rt.on_behalf_of("SyncBatchNorm"):
         if collective == "gather":
