@@ -248,7 +248,8 @@ def test_copies_of_a_data_parallel_train_as_its_own(tmp_path, shm: str) -> None:
     DataParallel failed with "cannot pickle '_thread.lock' object" (DDP's can be copied). A copy
     keeps the module and the options; it joins the job at its first training forward, so rank 0
     can copy and evaluate one alone, and a student copied from the model is averaged as a model
-    of its own. The model, the EMA, the student and the snapshot must be what one process makes
+    of its own (copied inside the model's no_sync() block, it took the block's flag and trained
+    apart on every rank). The model, the EMA, the student and the snapshot must be what one process makes
     on the whole batch; the pickle loads here, outside any job, and evaluates as the model did."""
     job = run_launch("--nproc", "3", "--env", f"MACFLEET_SHM={shm}", str(BIN / "copies.py"), str(tmp_path),
                      timeout=60)

@@ -1,11 +1,12 @@
 """Copies of a DataParallel, as scripts make them: ``copies.py OUT``.
 
-After one step every rank makes ``AveragedModel(model)`` (an EMA of the weights, which deep-copies
-the DataParallel) and ``copy.deepcopy(model)`` (a student trained beside the model, as a
-DataParallel of its own; copied inside the model's ``no_sync()`` block); rank 0 alone deep-copies a snapshot and evaluates it, and pickles the
-whole model with ``torch.save(model)``. Then every rank trains the model and the student for
-``STEPS`` steps, updating the EMA. Rank 0 saves what each ended with to ``OUT/copies.pt`` (the
-pickle: ``OUT/whole.pt``); the test trains the same in one process on the whole batch."""
+After one step every rank makes ``AveragedModel(model)`` (an EMA of the weights, which
+deep-copies the DataParallel) and ``copy.deepcopy(model)`` (a student trained beside the model,
+as a DataParallel of its own; copied inside the model's ``no_sync()`` block); rank 0 alone
+deep-copies a snapshot and evaluates it, and pickles the whole model with ``torch.save(model)``.
+Then every rank trains the model and the student for ``STEPS`` steps, updating the EMA. Rank 0
+saves what each ended with to ``OUT/copies.pt`` (the pickle: ``OUT/whole.pt``); the test trains
+the same in one process on the whole batch."""
 
 import copy
 import sys

@@ -4,11 +4,10 @@ Checks on every rank, printing one line of JSON: collectives on CUDA tensors (ex
 and inference tensors in place), the DataParallel oracle on CUDA against a CPU run of the
 whole batch (one model, two in one backward, SyncBatchNorm, a reentrant checkpoint, two
 forwards before one backward, a gradient penalty, a custom autograd function's all-reduce
-inside backward, a model fine-tuned with layers unfrozen and
-a new head after wrapping, a deep copy of a wrapper trained on its own, and ``torch.compile``
-of the wrapper with inductor), memory reports
-and the cache given back, the memory fraction, and ``PolledEvent`` (how MPS events are waited
-for) on a real device event.
+inside backward, a model fine-tuned with layers unfrozen and a new head after wrapping, a deep
+copy of a wrapper trained on its own, and ``torch.compile`` of the wrapper with inductor),
+memory reports and the cache given back, the memory fraction, and ``PolledEvent`` (how MPS
+events are waited for) on a real device event.
 The oracle also runs with every device copy issued from the thread that runs backward, as on
 MPS (``Device.copies_from_training_thread``).
 """
