@@ -170,9 +170,13 @@ class Collectives:
             values = torch.zeros((most, *mine.values().shape[1:]), dtype=mine.dtype, device="cpu")
             values[:count] = mine.values()
             indices, values = self.all_gather(indices, name), self.all_gather(values, name)
-        whole = torch.sparse_coo_tensor(torch.cat([indices[r, :, :n] for r, n in enumerate(counts)], 1),
-                                        torch.cat([values[r, :n] for r, n in enumerate(counts)]), tensor.shape,
-                                        device="cpu", check_invariants=True)
+        # Checked as it is made: every rank's entries within the shape. Through the switch, not
+        # the check_invariants argument: torch 2.11 warns at a process's first sparse_coo_tensor
+        # ("Sparse invariant checks are implicitly disabled") whatever the argument says.
+        with torch.sparse.check_sparse_tensor_invariants(enable=True):
+            whole = torch.sparse_coo_tensor(torch.cat([indices[r, :, :n] for r, n in enumerate(counts)], 1),
+                                            torch.cat([values[r, :n] for r, n in enumerate(counts)]), tensor.shape,
+                                            device="cpu")
         whole = whole.coalesce()
         if op == "avg":
             whole = whole / self.world
