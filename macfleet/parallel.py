@@ -120,12 +120,9 @@ class DataParallel(nn.Module):
     def runtime(self) -> rt.Runtime:
         """The job this DataParallel averages in: the process's, from construction, or for a copy
         (``copy.deepcopy``, ``torch.load``) from its first training forward."""
-        if self._runtime is None:
-            self._attach(rt.runtime())
-        assert self._runtime is not None
-        return self._runtime
+        return self._runtime if self._runtime is not None else self._attach(rt.runtime())
 
-    def _attach(self, runtime: rt.Runtime) -> None:
+    def _attach(self, runtime: rt.Runtime) -> rt.Runtime:
         self._weights = _share_weights(self._shares, runtime.world_size)  # each rank's
         self._runtime = runtime
         self.scale = self._weights[runtime.rank] * len(self._weights) / sum(self._weights)
@@ -133,6 +130,7 @@ class DataParallel(nn.Module):
             assert runtime.collectives is not None  # several ranks: there is a ring
             self._collectives: Collectives = runtime.collectives  # for the hooks below
             self._collectives.step_share = self.scale / runtime.world_size  # its part of each step
+        return runtime
 
     def __getstate__(self) -> dict[str, Any]:
         """What a copy (``copy.deepcopy``, ``AveragedModel(model)``) or a pickle
