@@ -49,13 +49,14 @@ DIRECT_BYTES = 1 << 20  # above this a rank's own share skips its slot and rows 
 GATHER_BYTES = 512 << 10  # rows of all ranks up to this: every rank reduces every row itself, after one barrier
 
 # A rank's control line: its barrier count; what it brings to the all-reduce in progress (the
-# shared tensor's key, 0 for none, and its length), read by the others after a barrier; and the
+# shared tensor's key, 0 for none, and where in its row the reduced part starts), read by the
+# others after a barrier; and the
 # collective it is in (``announce``): a version, odd while being written, then the collective;
 # and whether it sleeps (``ASLEEP``, non-zero while it does). A sleeper writes ASLEEP, then reads
 # the counts; an arriving rank writes its count, then reads ASLEEP, with a fence between each
 # write and read. So of any sleeper and any arriving rank, one sees the other's write: the
 # sleeper sees the count and does not sleep, or the arriving rank sees ASLEEP and rings it.
-COUNT, KEY, NUMEL, VERSION, OP, WHAT, ELEMENTS, ASLEEP = 0, 1, 2, 3, 4, 5, 6, 7
+COUNT, KEY, START, VERSION, OP, WHAT, ELEMENTS, ASLEEP = 0, 1, 2, 3, 4, 5, 6, 7
 LINE = ALIGN // 8  # words of one control line
 
 _ordering = threading.Lock()
@@ -169,10 +170,10 @@ class LocalGroup:
         self._counters = memoryview(self._mmap)[:self._control].cast("q")
         self.raw = torch.frombuffer(self._mmap, dtype=torch.uint8, offset=self._control)
         self._bells.open()
-        self._counters[self.index * LINE + NUMEL] = self.slot_bytes  # unused until the first shared tensor
+        self._counters[self.index * LINE + START] = self.slot_bytes  # unused until the first shared tensor
         self.barrier()
         self._bells.unlink()  # every rank has opened every FIFO
-        slots = [self._counters[i * LINE + NUMEL] for i in range(self.size)]
+        slots = [self._counters[i * LINE + START] for i in range(self.size)]
         if len(set(slots)) > 1:  # slots at different offsets: every result would be garbage
             raise ConfigError(self._layout_differs(
                 "slots of " + ", ".join(f"{n} bytes (rank {self.base + i})" for i, n in enumerate(slots))))
@@ -320,13 +321,14 @@ class LocalGroup:
         tensors; ``out`` may be ``src``), divided by ``divide_by`` (for an average, in the same
         pass). ``src`` may be on a device: it is copied (blocking) straight into this rank's slot.
 
-        When every rank brings the same ``shared_tensor`` (``out`` is ``src``), the ranks reduce
-        straight from each other's tensors and write the result into all of them: two passes
-        over the memory instead of five, and two barriers. Otherwise the tensors go through the
-        slots, in rounds of one slot each, pipelined over the two buffers with one barrier per
-        round: barrier t means every rank has copied in round t, reduced its share of round t-1
-        and copied out round t-2, so after it a rank may reduce round t, copy out round t-1 and
-        copy in round t+1 (into the buffer round t-1 used, which nobody reads any more).
+        When every rank brings the same ``shared_tensor``, or the same run of its elements
+        (``out`` is ``src``), the ranks reduce straight from each other's tensors and write the
+        result into all of them: two passes over the memory instead of five, and two barriers.
+        Otherwise the tensors go through the slots, in rounds of one slot each, pipelined over
+        the two buffers with one barrier per round: barrier t means every rank has copied in
+        round t, reduced its share of round t-1 and copied out round t-2, so after it a rank may
+        reduce round t, copy out round t-1 and copy in round t+1 (into the buffer round t-1
+        used, which nobody reads any more).
 
         A rank's own share of a round skips its slot when ``src`` is host memory of the
         working dtype (and not small): only the rank itself reduces it, so it reads it from
@@ -343,14 +345,13 @@ class LocalGroup:
             self.path = "one barrier"
             self._all_reduce_gathered(src, out, op, divide_by)
             return
-        shared = self._shared.get(out.data_ptr()) if src.data_ptr() == out.data_ptr() else None
-        if shared is not None and (shared.rows.shape[1] != out.numel() or shared.rows.dtype != out.dtype):
-            shared = None  # a slice of a shared tensor, or a view of another dtype: its rows do not line up
-        in_place = bool(self._allocated) and self._agree_on(shared)
+        shared, start = self._holder(out) if src.data_ptr() == out.data_ptr() else (None, 0)
+        in_place = bool(self._allocated) and self._agree_on(shared, start)
         self.path = "in place" if in_place else ""
         if in_place:
             assert shared is not None
-            self._reduce_rows(shared.rows, shared.rows, self._share(out.numel()), op, divide_by)
+            rows = shared.rows[:, start:start + out.numel()]
+            self._reduce_rows(rows, rows, self._share(out.numel()), op, divide_by)
             self.barrier()  # every share of every row is final
             return
         per_round = self.slot_bytes // out.dtype.itemsize
@@ -386,17 +387,38 @@ class LocalGroup:
         if divide_by != 1:
             out.div_(divide_by)
 
-    def _agree_on(self, shared: SharedTensor | None) -> bool:
-        """Publish which shared tensor (if any) this rank brings, and return whether every rank
-        brings the same one: all ranks read the same lines after the barrier, so all decide
-        alike. (Until a shared tensor exists anywhere, no rank can bring one: no barrier then.)"""
+    def _holder(self, out: torch.Tensor) -> tuple[SharedTensor | None, int]:
+        """The shared tensor whose row (this rank's) holds ``out``, all of it or a run of
+        elements (DataParallel reduces a large bucket in parts), and where in the row ``out``
+        starts; (None, 0) for anything else (a view of another dtype does not line up)."""
+        shared = self._shared.get(out.data_ptr())
+        if shared is None:
+            ptr = out.data_ptr()
+            for candidate in self._shared.values():
+                row = candidate.rows[self.index]
+                if row.data_ptr() <= ptr < row.data_ptr() + row.numel() * row.element_size():
+                    shared = candidate
+                    break
+        if shared is None or shared.rows.dtype != out.dtype or not out.is_contiguous():
+            return None, 0
+        start, misaligned = divmod(out.data_ptr() - shared.rows[self.index].data_ptr(), out.element_size())
+        if misaligned or start + out.numel() > shared.rows.shape[1]:
+            return None, 0
+        return shared, start
+
+    def _agree_on(self, shared: SharedTensor | None, start: int) -> bool:
+        """Publish which shared tensor (if any) this rank brings and where its part starts, and
+        return whether every rank brings the same part of the same one (the collective's
+        signature has its length): all ranks read the same lines after the barrier, so all
+        decide alike. (Until a shared tensor exists anywhere, no rank can bring one: no
+        barrier then.)"""
         assert self._counters is not None
         counters, line = self._counters, self.index * LINE
         counters[line + KEY] = shared.key if shared is not None else 0
-        counters[line + NUMEL] = shared.rows.shape[1] if shared is not None else 0
+        counters[line + START] = start
         self.barrier()
-        mine = (counters[line + KEY], counters[line + NUMEL])
-        return mine[0] != 0 and all((counters[i * LINE + KEY], counters[i * LINE + NUMEL]) == mine
+        mine = (counters[line + KEY], counters[line + START])
+        return mine[0] != 0 and all((counters[i * LINE + KEY], counters[i * LINE + START]) == mine
                                     for i in range(self.size))
 
     def shared_tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:

@@ -262,6 +262,26 @@ def test_shared_tensors_are_reduced_where_they_are(tmp_path, size: int) -> None:
         assert not any(g.path == "in place" for g in groups)
         for t in brought:
             assert torch.equal(t, torch.stack(inputs).sum(0))
+        # the same run of elements on every rank (a gradient bucket averaged in parts) is reduced
+        # in place too, and the rest of each rank's tensor is left as it was
+        for t, x in zip(tensors, inputs, strict=True):
+            t.copy_(x)
+        with ThreadPoolExecutor(size) as pool:
+            list(pool.map(lambda i: groups[i].all_reduce(tensors[i][100:700], tensors[i][100:700], "sum"), range(size)))
+        assert all(g.path == "in place" for g in groups)
+        for t, x in zip(tensors, inputs, strict=True):
+            assert torch.equal(t[100:700], torch.stack(inputs)[:, 100:700].sum(0))
+            assert torch.equal(t[:100], x[:100]) and torch.equal(t[700:], x[700:])
+        # runs at different places on different ranks: through the slots, each rank's own run summed
+        for t, x in zip(tensors, inputs, strict=True):
+            t.copy_(x)
+        runs = [t[10 * i:10 * i + 600] for i, t in enumerate(tensors)]
+        want = torch.stack([x[10 * i:10 * i + 600] for i, x in enumerate(inputs)]).sum(0)
+        with ThreadPoolExecutor(size) as pool:
+            list(pool.map(lambda i: groups[i].all_reduce(runs[i], runs[i], "sum"), range(size)))
+        assert not any(g.path == "in place" for g in groups)
+        for run in runs:
+            assert torch.equal(run, want)
         # a view of another dtype (a bool flag's uint8, say) is summed in its own: the rows were
         # summed as float32 under it
         words = [torch.randint(1 << 24, 1 << 28, (1000,), dtype=torch.int32) for _ in range(size)]  # normal floats as bits (denormals add as integers do)
