@@ -525,9 +525,12 @@ class LocalGroup:
                         self._scratch = torch.empty(step, dtype=inputs.dtype, device="cpu")
                 result = self._scratch[: stop - start]
             _reduce_columns(rows, result, op)
-            if divide_by != 1:
-                result.div_(divide_by)
-            if outputs.shape[0] > 1:
+            if outputs.shape[0] == 1:
+                if divide_by != 1:
+                    result.div_(divide_by)
+            elif divide_by != 1:  # divided on the way out: one pass over the piece fewer, the same bits
+                torch.div(result.expand(outputs.shape[0], -1), divide_by, out=outputs[:, start:stop])
+            else:
                 outputs[:, start:stop].copy_(result.expand(outputs.shape[0], -1))
 
     def broadcast(self, data: torch.Tensor, root: int = 0) -> None:
