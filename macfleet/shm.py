@@ -394,7 +394,7 @@ class LocalGroup:
         shared = self._shared.get(out.data_ptr())
         if shared is None:
             ptr = out.data_ptr()
-            for candidate in self._shared.values():
+            for candidate in list(self._shared.values()):  # a finalizer may drop one meanwhile
                 row = candidate.rows[self.index]
                 if row.data_ptr() <= ptr < row.data_ptr() + row.numel() * row.element_size():
                     shared = candidate
