@@ -43,6 +43,7 @@ from macfleet.arguments import WIRE_DTYPES
 from macfleet.backends import Device, HostEvent
 from macfleet.buckets import Bucket, BucketThread, average, bucket_layout, exchange, stage
 from macfleet.collectives import WORK_DTYPE, Collectives
+from macfleet.ddp_options import DeviceId, input_device, to_device
 from macfleet.errors import ConfigError, ProtocolError
 from macfleet.join import Join
 from macfleet.same_model import check_same_model
@@ -61,15 +62,25 @@ class DataParallel(nn.Module):
     step's samples, one number per rank, the same list on every rank (a fast Mac's batch can be
     larger than a slow one's, see ``DistributedSampler``); the gradients are then averaged
     weighted by them, which is the gradient of the whole step's mean loss. Default: equal.
+
+    DDP's own options are taken as well, so that a DDP script's wrapping line ports unchanged
+    (``macfleet.ddp_options``): ``device_ids=[local_rank]`` makes the forward move its inputs to
+    the model's device, as DDP's does; ``output_device``, ``dim``, ``init_sync``,
+    ``check_reduction``, ``gradient_as_bucket_view`` and ``static_graph`` change nothing.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,
                  broadcast_buffers: bool = True, find_unused_parameters: bool = False,
-                 compression: str = "none", shares: Sequence[float] | None = None) -> None:
+                 compression: str = "none", shares: Sequence[float] | None = None, *,
+                 device_ids: Sequence[DeviceId] | None = None, output_device: DeviceId | None = None, dim: int = 0,
+                 process_group: object = None, init_sync: bool = True, check_reduction: bool = False,
+                 gradient_as_bucket_view: bool = False, static_graph: bool = False) -> None:
         super().__init__()
         if compression not in WIRE_DTYPES:
             raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
         self.module = module
+        self.device_ids, self.output_device = device_ids, output_device  # read by some DDP scripts
+        self._input_device = input_device(module, device_ids, process_group)
         leave_out_of_graphs()
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
@@ -229,6 +240,8 @@ class DataParallel(nn.Module):
 
     # -- training-time behaviour --------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._input_device is not None:  # device_ids given: the inputs go to the model, as with DDP
+            args, kwargs = to_device(args, self._input_device), to_device(kwargs, self._input_device)
         # A forward without autograd has no backward to average: it needs no other rank, so
         # rank 0 may run one alone (validation under torch.no_grad() with the model still in
         # training mode; DDP gates its reducer on the same). Its buffers come from rank 0 at the
@@ -368,6 +381,12 @@ class DataParallel(nn.Module):
         _broadcast_flat([p for _, p in self._known_params], "parameters", source)
         if self.broadcast_buffers:
             self._broadcast_buffers(source)
+
+    def register_comm_hook(self, state: object, hook: Callable[..., Any]) -> None:
+        """DDP's communication hooks have no place here: say what does their usual job."""
+        raise ConfigError(
+            "DataParallel has no communication hooks; for fp16_compress_hook or bf16_compress_hook pass "
+            "compression='fp16' or 'bf16' to DataParallel (the same on every rank)")
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

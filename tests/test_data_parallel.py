@@ -56,7 +56,8 @@ JOBS = {
     # with the timeline on (launch --timeline), which every case must leave as it is
     "default": ({"MACFLEET_LAUNCH_TIMELINE": "{out}/timeline.json"}, ["single", "order", "no_sync", "unused-allowed", "zero-in-place", "two-models",
                      "two-models-one-bucket", "sparse", "shares", "rewrap", "compiled", "sync-bn", "checkpoint",
-                     "input-gradient", "two-forwards", "in-backward", "copied", "buffers", "validate-alone"]),
+                     "input-gradient", "two-forwards", "in-backward", "copied", "ddp-options", "buffers",
+                     "validate-alone"]),
 }
 CHECKED_IN_THE_JOB = ("buffers", "validate-alone")  # they compare the ranks' buffers themselves
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
+import dataclasses
 import gzip
 import json
 import os
@@ -34,6 +36,7 @@ from macfleet.launcher.report import pace_report, stood_by_report
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.lines import LONGEST, pieces
 from macfleet.buckets import bucket_layout
+from macfleet.ddp_options import input_device, to_device
 from macfleet.same_model import difference, layout
 from macfleet.sampler import DistributedSampler
 from macfleet.transport import Channel, ChannelId, Liveness
@@ -700,6 +703,38 @@ def test_float64_is_refused_for_mps_by_name() -> None:
         MpsDevice().check_dtype(torch.zeros(2, dtype=torch.float64), "weights")
     MpsDevice().check_dtype(torch.zeros(2, dtype=torch.float32), "weights")
     check_tensor(torch.zeros(2, dtype=torch.float64), "cpu tensors may be float64")
+
+
+# -- DDP's options -------------------------------------------------------------------------
+def test_ddp_s_device_ids_move_the_inputs_to_the_model_and_nonsense_is_named() -> None:
+    """``DataParallel(model, device_ids=[local_rank])`` ports a DDP line: as DDP's, the forward
+    moves the inputs, however nested, to the model's device ("meta" stands in for a GPU here)."""
+    model = torch.nn.Linear(2, 2, device="meta")
+    assert input_device(model, [3], None) == torch.device("meta")  # a CUDA script's index: the model's device
+    assert input_device(model, None, None) is None  # without device_ids nothing moves
+
+    Pair = collections.namedtuple("Pair", "x y")
+
+    @dataclasses.dataclass
+    class Batch:
+        pixels: torch.Tensor
+        note: str
+
+    inputs = ([torch.ones(2), Pair(torch.ones(1), 5)], {"mask": torch.zeros(3), "batch": Batch(torch.ones(4), "n")})
+    moved = to_device(inputs, torch.device("meta"))
+    assert moved[0][0].device.type == "meta" and moved[0][0].shape == (2,)
+    assert isinstance(moved[0][1], Pair) and moved[0][1].x.device.type == "meta" and moved[0][1].y == 5
+    assert moved[1]["mask"].device.type == "meta"
+    assert isinstance(moved[1]["batch"], Batch) and moved[1]["batch"].pixels.device.type == "meta"
+    assert moved[1]["batch"].note == "n" and inputs[1]["mask"].device.type == "cpu"  # the caller's left as they were
+    with pytest.raises(ConfigError, match="process_group"):
+        input_device(model, None, object())
+    for wrong in (0, [0, 1], []):
+        with pytest.raises(ConfigError, match="device_ids=.*in a list"):
+            input_device(model, wrong, None)
+    split = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta"))
+    with pytest.raises(ConfigError, match=r"several \(cpu, meta\)"):
+        input_device(split, [0], None)
 
 
 # -- DataParallel's bucket layout ------------------------------------------------------------

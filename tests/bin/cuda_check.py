@@ -5,7 +5,8 @@ and inference tensors in place), the DataParallel oracle on CUDA against a CPU r
 whole batch (one model, two in one backward, SyncBatchNorm, a reentrant checkpoint, two
 forwards before one backward, a gradient penalty, a custom autograd function's all-reduce
 inside backward, a model fine-tuned with layers unfrozen and a new head after wrapping, a deep
-copy of a wrapper trained on its own, and ``torch.compile`` of the wrapper with inductor),
+copy of a wrapper trained on its own, DDP's ``device_ids`` moving the inputs, and
+``torch.compile`` of the wrapper with inductor),
 memory reports and the cache given back, the memory fraction, and ``PolledEvent`` (how MPS
 events are waited for) on a real device event.
 The oracle also runs with every device copy issued from the thread that runs backward, as on
@@ -194,6 +195,14 @@ for module, run, inputs, targets, r in ((tuned_ref, tuned_ref, x, y, 0),
         opt.step()
 out["oracle_max_diff_fine_tune"] = max_diff(tuned, tuned_ref)
 del run
+gc.collect()
+# DDP's wrapping line, ported by its name: device_ids=[local_rank] (rank 1's names a second GPU
+# where the ranks share one) makes the forward move its inputs to the model's device, here from
+# the CPU, as DDP's does
+ported = macfleet.DataParallel(oracle.make_model().to(dev), device_ids=[rank], output_device=rank, **tiny)
+train(ported, ported, x[shard], ys)
+out["oracle_max_diff_device_ids"] = max_diff(ported.module, ref)
+del ported
 gc.collect()
 # a copy (copy.deepcopy, AveragedModel) of a wrapper that trained: its buckets and their host
 # staging buffers are laid out at the copy's first training forward, and it trains on its own

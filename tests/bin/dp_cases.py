@@ -40,7 +40,9 @@ needs as it was: the second forward's broadcast of the buffers must not count as
 ``in-backward`` (a custom autograd function that all-reduces in forward and in backward, in the
 middle of the model: its backward's collective comes while buckets are in flight), ``copied``
 (the script trains ``copy.deepcopy`` of the DataParallel, which lays its buckets out at its
-first training forward).
+first training forward), ``ddp-options`` (wrapped with DDP's own options, as a DDP script's
+line reads: ``device_ids=[rank]``, ``output_device``, ``gradient_as_bucket_view``,
+``static_graph``...; its ``register_comm_hook`` must say what to use instead).
 """
 
 import copy
@@ -346,6 +348,9 @@ def run(case, out):
         options["shares"] = [r + 1 for r in range(world)]
         if case == "shares-differ" and rank == 1:
             options["shares"] = [1] * world
+    if case == "ddp-options":  # every rank names its own device, as DDP scripts do
+        options.update(device_ids=[rank], output_device=rank, dim=0, init_sync=True, check_reduction=False,
+                       gradient_as_bucket_view=True, static_graph=True)
     if case == "options-differ" and rank == 1:  # its buckets laid out with another cap
         options["bucket_cap_mb"] = 1.0
     if case.startswith("two-models"):  # -one-bucket: the critic's single bucket is averaged after the generator's
@@ -362,6 +367,13 @@ def run(case, out):
     if case == "copied":
         model = copy.deepcopy(model)
         module = model.module
+    if case == "ddp-options":
+        try:
+            model.register_comm_hook(None, lambda state, bucket: None)
+        except macfleet.ConfigError as exc:
+            assert "compression='fp16'" in str(exc), exc
+        else:
+            raise AssertionError("register_comm_hook was taken")
     if case == "cast-after-wrap":
         model.double()
     opt = make_optimizer(case, model)

@@ -1,0 +1,64 @@
+"""What DDP's own options mean to ``DataParallel``, so that a DDP script ports by its name alone.
+
+A script that moves to Macs from torch DDP keeps its wrapping line:
+``DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank)`` becomes
+``macfleet.DataParallel(...)`` with the same arguments. ``device_ids`` names the rank's one
+device; as in DDP the forward then moves the inputs to it: to the model's device, which is the
+one a consistent DDP script names, and which on a Mac is the GPU whatever ``local_rank`` says
+(a CUDA script's ``device_ids=[1]`` on a Mac's second rank means its GPU, not a second one).
+``output_device``, ``dim``, ``gradient_as_bucket_view`` (the gradients are the buckets' views
+anyway), ``static_graph``, ``init_sync`` (every rank starts from rank 0's parameters anyway) and
+``check_reduction`` change nothing. A ``process_group`` is refused: DataParallel averages over
+the macfleet job, and a group of torch.distributed's is no subset of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass, replace
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from macfleet.errors import ConfigError
+
+DeviceId = int | str | torch.device
+
+
+def input_device(module: nn.Module, device_ids: Sequence[DeviceId] | None, process_group: object) -> torch.device | None:
+    """Where the forward moves its inputs: the module's device where ``device_ids`` is given (DDP's
+    rule), None where it is not. Raises for what DDP's options cannot mean here."""
+    if process_group is not None:
+        raise ConfigError(
+            "DataParallel averages gradients over the whole macfleet job: leave process_group out "
+            "(a torch.distributed group has no meaning for it)")
+    if device_ids is None:
+        return None
+    if isinstance(device_ids, (int, str, torch.device)) or len(device_ids) != 1:
+        raise ConfigError(
+            f"device_ids={device_ids!r}: give the one device of this rank in a list, as for DDP "
+            f"(device_ids=[local_rank]), or leave it out")
+    devices = {p.device for p in module.parameters()} | {b.device for b in module.buffers()}
+    if len(devices) > 1:
+        names = ", ".join(sorted(str(d) for d in devices))
+        raise ConfigError(
+            f"device_ids names one device, and this model is on several ({names}): leave device_ids out "
+            f"for such a model, as DDP asks, and move the inputs yourself")
+    return devices.pop() if devices else None
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """``value`` with every tensor in it moved to ``device``: tensors, and tuples (named ones
+    too), lists, dicts and dataclasses of them, as DDP moves a forward's inputs."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(to_device(v, device) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, to_device(v, device)) for k, v in value.items())
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(value, **{f.name: to_device(getattr(value, f.name), device) for f in fields(value) if f.init})
+    return value
+
