@@ -61,4 +61,3 @@ def to_device(value: Any, device: torch.device) -> Any:
     if is_dataclass(value) and not isinstance(value, type):
         return replace(value, **{f.name: to_device(getattr(value, f.name), device) for f in fields(value) if f.init})
     return value
-

@@ -49,10 +49,9 @@ DIRECT_BYTES = 1 << 20  # above this a rank's own share skips its slot and rows 
 GATHER_BYTES = 512 << 10  # rows of all ranks up to this: every rank reduces every row itself, after one barrier
 
 # A rank's control line: its barrier count; what it brings to the all-reduce in progress (the
-# shared tensor's key, 0 for none, and where in its row the reduced part starts), read by the
-# others after a barrier; and the
-# collective it is in (``announce``): a version, odd while being written, then the collective;
-# and whether it sleeps (``ASLEEP``, non-zero while it does). A sleeper writes ASLEEP, then reads
+# shared tensor's key, 0 for none, and where in its row the reduced run starts), read by the
+# others after a barrier; and the collective it is in (``announce``): a version, odd while being
+# written, then the collective; and whether it sleeps (``ASLEEP``, non-zero while it does). A sleeper writes ASLEEP, then reads
 # the counts; an arriving rank writes its count, then reads ASLEEP, with a fence between each
 # write and read. So of any sleeper and any arriving rank, one sees the other's write: the
 # sleeper sees the count and does not sleep, or the arriving rank sees ASLEEP and rings it.
@@ -388,8 +387,8 @@ class LocalGroup:
             out.div_(divide_by)
 
     def _holder(self, out: torch.Tensor) -> tuple[SharedTensor | None, int]:
-        """The shared tensor whose row (this rank's) holds ``out``, all of it or a run of
-        elements (DataParallel reduces a large bucket in parts), and where in the row ``out``
+        """The shared tensor whose row (this rank's) holds ``out``, all of it or a run of its
+        elements (``buf[a:b]`` of a ``macfleet.host_tensor``), and where in the row ``out``
         starts; (None, 0) for anything else (a view of another dtype does not line up)."""
         shared = self._shared.get(out.data_ptr())
         if shared is None:
