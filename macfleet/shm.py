@@ -51,10 +51,11 @@ GATHER_BYTES = 512 << 10  # rows of all ranks up to this: every rank reduces eve
 # A rank's control line: its barrier count; what it brings to the all-reduce in progress (the
 # shared tensor's key, 0 for none, and where in its row the reduced run starts), read by the
 # others after a barrier; and the collective it is in (``announce``): a version, odd while being
-# written, then the collective; and whether it sleeps (``ASLEEP``, non-zero while it does). A sleeper writes ASLEEP, then reads
-# the counts; an arriving rank writes its count, then reads ASLEEP, with a fence between each
-# write and read. So of any sleeper and any arriving rank, one sees the other's write: the
-# sleeper sees the count and does not sleep, or the arriving rank sees ASLEEP and rings it.
+# written, then the collective; and whether it sleeps (``ASLEEP``, non-zero while it does). A
+# sleeper writes ASLEEP, then reads the counts; an arriving rank writes its count, then reads
+# ASLEEP, with a fence between each write and read. So of any sleeper and any arriving rank, one
+# sees the other's write: the sleeper sees the count and does not sleep, or the arriving rank
+# sees ASLEEP and rings it.
 COUNT, KEY, START, VERSION, OP, WHAT, ELEMENTS, ASLEEP = 0, 1, 2, 3, 4, 5, 6, 7
 LINE = ALIGN // 8  # words of one control line
 
