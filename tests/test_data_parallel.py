@@ -243,6 +243,25 @@ def test_sync_batch_norm_normalizes_with_the_whole_global_batch(request, tmp_pat
         assert torch.allclose(got["running_var"], norm.running_var, atol=tolerance, rtol=0), rank
 
 
+def test_a_ddp_script_ported_by_the_readme_s_table_trains_as_ddp_does(tmp_path) -> None:
+    """README's table of DDP's lines and macfleet's: a torchrun script with DDP (on gloo), and
+    the same script with those lines swapped, the port keeping ``device_ids=[local_rank]``,
+    which DataParallel used to refuse. Two epochs on 3 ranks with a DistributedSampler each:
+    the same parameters, the same losses averaged over the ranks, the same collectives."""
+    results = {}
+    for mode in ("ddp", "macfleet"):
+        job = run_launch("--nproc", "3", str(BIN / "ddp_port.py"), mode, str(tmp_path / mode), timeout=90)
+        assert job.code == 0, job.output
+        results[mode] = torch.load(tmp_path / mode)
+    ddp, ported = results["ddp"], results["macfleet"]
+    assert len(ported["losses"]) == len(ddp["losses"]) == 8  # 96 samples, 3 ranks, batches of 8, two epochs
+    assert max(abs(a - b) for a, b in zip(ported["losses"], ddp["losses"], strict=True)) < 1e-5
+    for name, value in ddp["params"].items():
+        assert torch.allclose(ported["params"][name], value, atol=1e-5, rtol=0), name
+    for key in ("broadcast", "gathered"):
+        assert ported[key] == ddp[key], key
+
+
 @pytest.mark.parametrize("shm", ["1", "0"], ids=["shared memory", "sockets"])
 def test_copies_of_a_data_parallel_train_as_its_own(tmp_path, shm: str) -> None:
     """``AveragedModel(model)``, ``copy.deepcopy(model)`` and ``torch.save(model)`` of a
