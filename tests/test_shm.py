@@ -262,8 +262,8 @@ def test_shared_tensors_are_reduced_where_they_are(tmp_path, size: int) -> None:
         assert not any(g.path == "in place" for g in groups)
         for t in brought:
             assert torch.equal(t, torch.stack(inputs).sum(0))
-        # the same run of elements on every rank (a gradient bucket averaged in parts) is reduced
-        # in place too, and the rest of each rank's tensor is left as it was
+        # the same run of elements on every rank (buf[a:b] of a host tensor) is reduced in place
+        # too, and the rest of each rank's tensor is left as it was
         for t, x in zip(tensors, inputs, strict=True):
             t.copy_(x)
         with ThreadPoolExecutor(size) as pool:
