@@ -350,7 +350,8 @@ def run(case, out):
             options["shares"] = [1] * world
     if case == "ddp-options":  # every rank names its own device, as DDP scripts do
         options.update(device_ids=[rank], output_device=rank, dim=0, init_sync=True, check_reduction=False,
-                       gradient_as_bucket_view=True, static_graph=True)
+                       gradient_as_bucket_view=True, static_graph=True, broadcast_buffers=None,
+                       forward_sync_buffers=True)
     if case == "options-differ" and rank == 1:  # its buckets laid out with another cap
         options["bucket_cap_mb"] = 1.0
     if case.startswith("two-models"):  # -one-bucket: the critic's single bucket is averaged after the generator's
@@ -368,6 +369,7 @@ def run(case, out):
         model = copy.deepcopy(model)
         module = model.module
     if case == "ddp-options":
+        assert model.broadcast_buffers is True and model.device_ids == [rank]
         try:
             model.register_comm_hook(None, lambda state, bucket: None)
         except macfleet.ConfigError as exc:
