@@ -66,12 +66,12 @@ class DataParallel(nn.Module):
     DDP's own options are taken as well, so that a DDP script's wrapping line ports unchanged
     (``macfleet.ddp_options``): ``device_ids=[local_rank]`` makes the forward move its inputs to
     the model's device, as DDP's does; ``forward_sync_buffers`` (torch 2.13's name) is
-    ``broadcast_buffers``, whose None means True, as there; ``output_device``, ``dim``,
-    ``init_sync``, ``check_reduction``, ``gradient_as_bucket_view`` and ``static_graph`` change
-    nothing.
+    ``broadcast_buffers``, and None means what it means there (True; for ``bucket_cap_mb``,
+    25); ``output_device``, ``dim``, ``init_sync``, ``check_reduction``,
+    ``gradient_as_bucket_view`` and ``static_graph`` change nothing.
     """
 
-    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,
+    def __init__(self, module: nn.Module, bucket_cap_mb: float | None = 25.0, first_bucket_mb: float = 1.0,
                  broadcast_buffers: bool | None = True, find_unused_parameters: bool = False,
                  compression: str = "none", shares: Sequence[float] | None = None, *,
                  device_ids: Sequence[DeviceId] | None = None, output_device: DeviceId | None = None, dim: int = 0,
@@ -82,6 +82,7 @@ class DataParallel(nn.Module):
         if forward_sync_buffers is not None:  # DDP's new name (torch 2.13): buffers sync at the start either way
             broadcast_buffers = forward_sync_buffers
         broadcast_buffers = True if broadcast_buffers is None else broadcast_buffers
+        bucket_cap_mb = 25.0 if bucket_cap_mb is None else bucket_cap_mb  # DDP's None: its default, 25 MiB
         if compression not in WIRE_DTYPES:
             raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
         self.module = module

@@ -190,6 +190,15 @@ def test_shares_that_do_not_fit_the_job_are_refused() -> None:
         macfleet.DataParallel(nn.Linear(2, 2), shares=[0])
 
 
+def test_ddp_s_none_defaults_and_new_buffer_option_mean_what_they_mean_there() -> None:
+    """torch 2.13's DDP defaults bucket_cap_mb and broadcast_buffers to None, and names the
+    latter forward_sync_buffers; a DDP line that passes them on ports too."""
+    model = macfleet.DataParallel(nn.Linear(2, 2), bucket_cap_mb=None, broadcast_buffers=None)
+    assert model._caps == (1 << 20, 25 << 20) and model.broadcast_buffers is True
+    assert macfleet.DataParallel(nn.Linear(2, 2), forward_sync_buffers=False).broadcast_buffers is False
+    assert macfleet.DataParallel(nn.Linear(2, 2), broadcast_buffers=False, forward_sync_buffers=True).broadcast_buffers
+
+
 def test_buffers_are_broadcast_from_rank_0(dp_job) -> None:
     """The case ends with a forward on one input everywhere and compares the ranks' buffers."""
     job, out = dp_job("buffers")
