@@ -391,17 +391,13 @@ class LocalGroup:
         """The shared tensor whose row (this rank's) holds ``out``, all of it or a run of its
         elements (``buf[a:b]`` of a ``macfleet.host_tensor``), and where in the row ``out``
         starts; (None, 0) for anything else (a view of another dtype does not line up)."""
-        shared = self._shared.get(out.data_ptr())
-        if shared is None:
-            ptr = out.data_ptr()
-            for candidate in list(self._shared.values()):  # a finalizer may drop one meanwhile
-                row = candidate.rows[self.index]
-                if row.data_ptr() <= ptr < row.data_ptr() + row.numel() * row.element_size():
-                    shared = candidate
-                    break
-        if shared is None or shared.rows.dtype != out.dtype or not out.is_contiguous():
+        ptr = out.data_ptr()
+        found = next(((row, shared) for row, shared in list(self._shared.items())  # a finalizer may drop one meanwhile
+                      if row <= ptr < row + shared.rows.shape[1] * shared.rows.element_size()), None)
+        if found is None or found[1].rows.dtype != out.dtype or not out.is_contiguous():
             return None, 0
-        start, misaligned = divmod(out.data_ptr() - shared.rows[self.index].data_ptr(), out.element_size())
+        row, shared = found
+        start, misaligned = divmod(ptr - row, out.element_size())
         if misaligned or start + out.numel() > shared.rows.shape[1]:
             return None, 0
         return shared, start
