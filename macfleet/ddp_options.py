@@ -10,8 +10,9 @@ one a consistent DDP script names, and which on a Mac is the GPU whatever ``loca
 anyway), ``static_graph``, ``init_sync`` (every rank starts from rank 0's parameters anyway) and
 ``check_reduction`` change nothing. A ``process_group`` is refused: DataParallel averages over
 the macfleet job, and a group of torch.distributed's is no subset of it. (``forward_sync_buffers``,
-torch 2.13's name for ``broadcast_buffers``, and DDP's None for that and for ``bucket_cap_mb``
-are read where DataParallel reads its own options.)
+torch 2.13's name for ``broadcast_buffers`` at each forward, whose False keeps the buffers' sync
+at the start where ``broadcast_buffers=False`` drops it, and DDP's None for those and for
+``bucket_cap_mb`` are read where DataParallel reads its own options.)
 """
 
 from __future__ import annotations

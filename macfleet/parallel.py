@@ -54,7 +54,8 @@ class DataParallel(nn.Module):
 
     ``bucket_cap_mb``/``first_bucket_mb``: bucket sizes (DDP's defaults). ``broadcast_buffers``:
     send rank 0's buffers (e.g. BatchNorm statistics) to all ranks at every training forward
-    (in training mode, with autograd on: a forward under ``torch.no_grad()`` needs no other rank).
+    (in training mode, with autograd on: a forward under ``torch.no_grad()`` needs no other rank);
+    False leaves every rank's buffers its own, at the start too, as DDP's does.
     ``find_unused_parameters``: parameters that get no gradient in a step count as zero
     instead of being an error. ``compression``: ``"fp16"``/``"bf16"`` halve the bytes on the
     network (reduction stays float32 on the host; ranks of one host exchange float32 through
@@ -66,8 +67,8 @@ class DataParallel(nn.Module):
     DDP's own options are taken as well, so that a DDP script's wrapping line ports unchanged
     (``macfleet.ddp_options``): ``device_ids=[local_rank]`` makes the forward move its inputs to
     the model's device, as DDP's does; ``forward_sync_buffers`` (torch 2.13's name) is
-    ``broadcast_buffers``, and None means what it means there (True; for ``bucket_cap_mb``,
-    25); ``output_device``, ``dim``, ``init_sync``, ``check_reduction``,
+    ``broadcast_buffers`` at each forward, but its False, as there, still sends rank 0's buffers
+    at the start; None means what it means there (True; for ``bucket_cap_mb``, 25); ``output_device``, ``dim``, ``init_sync``, ``check_reduction``,
     ``gradient_as_bucket_view`` and ``static_graph`` change nothing.
     """
 
@@ -79,7 +80,11 @@ class DataParallel(nn.Module):
                  gradient_as_bucket_view: bool = False, static_graph: bool = False,
                  forward_sync_buffers: bool | None = None) -> None:
         super().__init__()
-        if forward_sync_buffers is not None:  # DDP's new name (torch 2.13): buffers sync at the start either way
+        # As DDP's: rank 0's buffers go to every rank at the start unless broadcast_buffers=False
+        # says not (a script that keeps rank-local buffers); forward_sync_buffers (torch 2.13's
+        # name for the syncs at each forward) leaves the start's sync on.
+        self._start_sync_buffers = forward_sync_buffers is not None or broadcast_buffers is not False
+        if forward_sync_buffers is not None:
             broadcast_buffers = forward_sync_buffers
         broadcast_buffers = True if broadcast_buffers is None else broadcast_buffers
         bucket_cap_mb = 25.0 if bucket_cap_mb is None else bucket_cap_mb  # DDP's None: its default, 25 MiB
@@ -103,8 +108,8 @@ class DataParallel(nn.Module):
         with torch.no_grad(), rt.on_behalf_of("DataParallel (start)"):
             _agree_on_options(shares, self.runtime.world_size, {
                 "bucket_cap_mb": bucket_cap_mb, "first_bucket_mb": first_bucket_mb,
-                "broadcast_buffers": broadcast_buffers, "find_unused_parameters": find_unused_parameters,
-                "compression": compression})
+                "broadcast_buffers": broadcast_buffers, "broadcast_buffers (at the start)": self._start_sync_buffers,
+                "find_unused_parameters": find_unused_parameters, "compression": compression})
         self._lay_out("DataParallel (start)")
 
     def _forget_place(self) -> None:
@@ -170,8 +175,9 @@ class DataParallel(nn.Module):
         require a gradient. At construction, and again at the first training forward after a
         script froze or unfroze parameters, or gave the module new ones (a fine-tuning job's new
         head): a parameter that trains outside the buckets would be trained apart on every rank.
-        As at construction, rank 0's parameters and buffers go to every rank (a new layer is
-        initialized differently on each), and every rank must make the same change."""
+        As at construction, rank 0's parameters (and buffers, unless ``broadcast_buffers=False``)
+        go to every rank (a new layer is initialized differently on each), and every rank must
+        make the same change."""
         _Registrations.install()
         self._seen = _Registrations.count
         self._known_params = list(self.module.named_parameters())
@@ -188,7 +194,8 @@ class DataParallel(nn.Module):
         with torch.no_grad(), rt.on_behalf_of(caller):
             check_same_model(self.module)
             _broadcast_flat([p for _, p in self._known_params], "parameters")
-            self._broadcast_buffers(0)
+            if self._start_sync_buffers:
+                self._broadcast_buffers(0)
             self.buckets, self._where = [], {}
             self._build_buckets(bucket_layout(named, *self._caps))
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for _, p in named]
@@ -621,7 +628,8 @@ def _share_weights(shares: Sequence[float] | None, world: int) -> list[float]:
 def _agree_on_options(shares: Sequence[float] | None, world: int, options: dict[str, float | bool | str]) -> None:
     """Every rank must pass DataParallel the same options. Shares weight the gradients: the
     average is wrong on all ranks if they differ. The bucket sizes lay the buckets out, and
-    ``broadcast_buffers`` makes a collective at every forward: ranks that differ met in
+    ``broadcast_buffers`` makes a collective at every forward (and, unless it is False, at the
+    start: DDP's ``forward_sync_buffers=False`` keeps that one): ranks that differ met in
     collectives of different sizes or kinds ("rank 1 is in shared_tensor of 880 float32 ...
     while rank 0 is in shared_tensor of 528 float32"), an error that named no option. ``compression`` and
     ``find_unused_parameters`` change what crosses the network and when. One broadcast of rank

@@ -57,9 +57,9 @@ JOBS = {
     "default": ({"MACFLEET_LAUNCH_TIMELINE": "{out}/timeline.json"}, ["single", "order", "no_sync", "unused-allowed", "zero-in-place", "two-models",
                      "two-models-one-bucket", "sparse", "shares", "rewrap", "compiled", "sync-bn", "checkpoint",
                      "input-gradient", "two-forwards", "in-backward", "copied", "ddp-options", "buffers",
-                     "validate-alone"]),
+                     "validate-alone", "local-buffers", "forward-sync-off"]),
 }
-CHECKED_IN_THE_JOB = ("buffers", "validate-alone")  # they compare the ranks' buffers themselves
+CHECKED_IN_THE_JOB = dp_cases.NORM_CASES  # they compare the ranks' buffers themselves
 
 
 def jobs_by_environment(tmp_path_factory, script: str, jobs: dict) -> Callable[[str], tuple[Job, Path]]:
@@ -203,6 +203,17 @@ def test_buffers_are_broadcast_from_rank_0(dp_job) -> None:
     """The case ends with a forward on one input everywhere and compares the ranks' buffers."""
     job, out = dp_job("buffers")
     assert job.code == 0 and (out / "buffers.pt").exists(), job.output
+
+
+@pytest.mark.parametrize("case", ["local-buffers", "forward-sync-off"])
+def test_broadcast_buffers_false_keeps_each_rank_s_buffers_from_the_start_as_ddp_does(dp_job, case) -> None:
+    """DDP's ``broadcast_buffers=False`` leaves the buffers out of its sync at the start too,
+    where torch 2.13's ``forward_sync_buffers=False`` keeps that one (a script with rank-local
+    statistics relies on the former): each rank's running mean starts at its rank number, and
+    the case checks it is its own after wrapping, or rank 0's; after training, the ranks'
+    statistics differ (each of its own shard)."""
+    job, out = dp_job(case)
+    assert job.code == 0 and (out / f"{case}.pt").exists(), job.output
 
 
 def test_a_forward_without_autograd_on_rank_0_alone_needs_no_other_rank(dp_job) -> None:

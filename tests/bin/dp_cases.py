@@ -42,7 +42,10 @@ middle of the model: its backward's collective comes while buckets are in flight
 (the script trains ``copy.deepcopy`` of the DataParallel, which lays its buckets out at its
 first training forward), ``ddp-options`` (wrapped with DDP's own options, as a DDP script's
 line reads: ``device_ids=[rank]``, ``output_device``, ``gradient_as_bucket_view``,
-``static_graph``...; its ``register_comm_hook`` must say what to use instead).
+``static_graph``...; its ``register_comm_hook`` must say what to use instead), ``local-buffers``
+(every rank's BatchNorm statistics start from a value of its own, wrapped with
+``broadcast_buffers=False``: they stay each rank's, from the start, as with DDP),
+``forward-sync-off`` (the same with ``forward_sync_buffers=False``: rank 0's at the start only).
 """
 
 import copy
@@ -61,6 +64,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import oracle  # noqa: E402
 
 STEPS = 6
+NORM_CASES = ("buffers", "validate-alone", "local-buffers", "forward-sync-off")  # WithNorm's, which check their buffers
 
 
 class TwoBranches(nn.Module):
@@ -261,7 +265,7 @@ def make(case):
         return TwoBranches()
     if case.startswith("unused"):
         return WithUnused()
-    if case in ("buffers", "validate-alone"):
+    if case in NORM_CASES:
         return WithNorm()
     if case == "sync-bn":  # plain BatchNorms: the oracle's; the ranks convert them
         return TwoNorms()
@@ -344,6 +348,12 @@ def run(case, out):
         options["compression"] = case
     if case == "unused-allowed":
         options["find_unused_parameters"] = True
+    if case == "local-buffers":
+        options["broadcast_buffers"] = False
+    if case == "forward-sync-off":
+        options["forward_sync_buffers"] = False
+    if case in ("local-buffers", "forward-sync-off"):
+        module.net[1].running_mean.fill_(rank)  # a rank's own (a statistic restored from its own checkpoint, say)
     if case.startswith("shares"):
         options["shares"] = [r + 1 for r in range(world)]
         if case == "shares-differ" and rank == 1:
@@ -376,6 +386,9 @@ def run(case, out):
             assert "compression='fp16'" in str(exc), exc
         else:
             raise AssertionError("register_comm_hook was taken")
+    if case in ("local-buffers", "forward-sync-off"):  # the start's sync: none, or rank 0's
+        started = macfleet.all_gather(module.net[1].running_mean)[:, 0].tolist()
+        assert started == ([float(r) for r in range(world)] if case == "local-buffers" else [0.0] * world), started
     if case == "cast-after-wrap":
         model.double()
     opt = make_optimizer(case, model)
@@ -420,7 +433,7 @@ def run(case, out):
         if case == "validate-alone" and rank == 0:
             with torch.no_grad():
                 model(x)
-    if world > 1 and case not in ("buffers", "validate-alone") and os.environ.get("MACFLEET_SHM") != "0":
+    if world > 1 and case not in NORM_CASES and os.environ.get("MACFLEET_SHM") != "0":
         # one host's ranks keep their buckets in memory they share and reduce them where they are;
         # these models' buckets are all small enough for the one-barrier path, unless it is off
         one_barrier = os.environ.get("MACFLEET_SHM_GATHER_BYTES") != "1"
@@ -433,6 +446,9 @@ def run(case, out):
         mean = model.module.net[1].running_mean
         gathered = macfleet.all_gather(mean)
         assert all(torch.equal(gathered[0], g) for g in gathered), "buffers differ between ranks"
+    if case in ("local-buffers", "forward-sync-off"):  # each rank's statistics of its own shards alone
+        gathered = macfleet.all_gather(module.net[1].running_mean)
+        assert not any(torch.equal(gathered[i], gathered[j]) for i in range(world) for j in range(i)), gathered
     if rank == 0:
         torch.save(module.state_dict(), f"{out}/{case}.pt")
 
