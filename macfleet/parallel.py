@@ -68,8 +68,9 @@ class DataParallel(nn.Module):
     (``macfleet.ddp_options``): ``device_ids=[local_rank]`` makes the forward move its inputs to
     the model's device, as DDP's does; ``forward_sync_buffers`` (torch 2.13's name) is
     ``broadcast_buffers`` at each forward, but its False, as there, still sends rank 0's buffers
-    at the start; None means what it means there (True; for ``bucket_cap_mb``, 25); ``output_device``, ``dim``, ``init_sync``, ``check_reduction``,
-    ``gradient_as_bucket_view`` and ``static_graph`` change nothing.
+    at the start; None means what it means there (True; for ``bucket_cap_mb``, 25);
+    ``output_device``, ``dim``, ``init_sync``, ``check_reduction``, ``gradient_as_bucket_view``
+    and ``static_graph`` change nothing.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = 25.0, first_bucket_mb: float = 1.0,
