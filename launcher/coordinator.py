@@ -98,6 +98,7 @@ class Coordinator:
         self.devices: dict[int, str] = {}  # rank -> the device it trains on, from registrations
         self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
+        self.datasets: dict[int, dict[int, int]] = {}  # k -> rank -> the length of its k-th sampler's dataset
         self.samples: dict[int, Sample] = {}  # rank -> its latest answer to a STACKS request (a stall, a silence)
         self._recheck: Recheck | None = None
         self._abort_after = 0.0  # how long the waits of a stall may last before it is aborted (0: twice the timeout)
@@ -165,6 +166,7 @@ class Coordinator:
             protocol.BYE: self._on_bye,
             protocol.BEAT: self._on_beat,
             protocol.REPORT: self._on_report,
+            protocol.DATASET: self._on_dataset,
             protocol.STACKS: self._on_stacks,
             protocol.TRACE: self._on_trace,
         }.get(kind)
@@ -405,6 +407,28 @@ class Coordinator:
         rank = msg.get("rank")
         if isinstance(rank, int):
             self.reports[rank] = dict(msg.get("data") or {})
+
+    def _on_dataset(self, msg: dict[str, Any], peer: Peer) -> None:
+        """A rank's DistributedSampler and its dataset's length: once every rank's k-th has come,
+        say if the lengths differ (a Mac with an incomplete copy of the data). Each rank shards
+        a shuffle of its own dataset's indices, so the ranks' parts would overlap and miss
+        samples with nothing else to show for it. The job goes on: which copy is right is the
+        user's to say."""
+        sender, k, length = str(msg.get("from")), msg.get("sampler"), msg.get("length")
+        if not sender.startswith("rank-") or not isinstance(k, int) or not isinstance(length, int):
+            raise wire.BadMessage("bad dataset note")
+        lengths = self.datasets.setdefault(k, {})
+        lengths[int(sender[5:])] = length
+        if len(lengths) < self.world_size or len(set(lengths.values())) == 1:
+            return
+        by_length: dict[int, list[int]] = {}
+        for rank in sorted(lengths):
+            by_length.setdefault(lengths[rank], []).append(rank)
+        found = ", ".join(f"{n} on rank{'s' if len(ranks) > 1 else ''} {spans(ranks)}"
+                          for n, ranks in by_length.items())
+        self.log(f"warning: the ranks' datasets differ in length (DistributedSampler {k} of each rank's, in the "
+                 f"order made): {found}. Each rank takes its part of a shuffle of its own dataset's indices, so the "
+                 f"parts overlap and miss samples: every Mac must hold the same dataset")
 
     def ring_table(self) -> str:
         links = {rank: hello.get("link") or "?" for hello in self.hellos.values()

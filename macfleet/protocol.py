@@ -22,6 +22,9 @@ Flow of one job::
                                       step_s, share, stood_by_s}       DataParallel's work per step, share,
                                                                        time out of batches in join())
     worker -> coordinator   report   {rank, data}                      (measurements, for macfleet doctor)
+    worker -> coordinator   dataset  {sampler, length}                 (the length of the dataset its k-th
+                                                                       DistributedSampler shards: the
+                                                                       ranks' must agree)
     worker -> coordinator   trace    {events, dropped}                 (with launch --timeline: what it
                                                                        recorded since, ``macfleet.timeline``)
     coord  -> agent         beat     {}                                (every HEARTBEAT_S: the launcher lives)
@@ -54,6 +57,7 @@ END = "end"
 ABORT = "abort"
 BYE = "bye"
 REPORT = "report"
+DATASET = "dataset"
 STDIN = "stdin"
 HOLD = "hold"
 TRACE = "trace"

@@ -567,6 +567,16 @@ def report(data: dict[str, Any]) -> None:
         rt.control.outbox.put((protocol.REPORT, {"rank": rt.rank, "data": data}))
 
 
+def note_dataset(sampler: int, length: int) -> None:
+    """Tell the launcher the length of the dataset that this rank's ``sampler``-th
+    DistributedSampler shards. The ranks' must agree, and the launcher says so when they do not;
+    through the launcher, not a collective, which would hang a script that makes a sampler on
+    one rank alone."""
+    rt = runtime()
+    if rt.control is not None:
+        rt.control.outbox.put((protocol.DATASET, {"sampler": sampler, "length": length}))
+
+
 @contextmanager
 def on_behalf_of(caller: str) -> Iterator[None]:
     """Collectives issued on this thread inside the block come from ``caller`` (macfleet's own

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from typing import Any, Iterator, Sequence, Sized
 
 import torch
 from torch.utils.data import Sampler
+
+_made = itertools.count(1)  # this process's samplers of the job, in the order made: the same on every rank
 
 
 class DistributedSampler(Sampler[int]):
@@ -25,11 +28,18 @@ class DistributedSampler(Sampler[int]):
     of the data: of every ``sum(shares)`` indices, rank r takes ``shares[r]``. With a batch
     size of ``b * shares[r]`` on each rank, every rank still runs the same number of steps;
     pass the same ``shares`` to ``DataParallel`` so that gradients are weighted to match.
+
+    Every rank must shard the same dataset: each takes its part of a shuffle of its own
+    dataset's indices, so datasets of different lengths (an incomplete copy on one Mac) make
+    parts that overlap and miss samples. A sampler of the job's ranks (``num_replicas`` and
+    ``rank`` not given) tells the launcher its dataset's length, and the launcher warns when the
+    ranks' differ.
     """
 
     def __init__(self, dataset: Sized | int, num_replicas: int | None = None, rank: int | None = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  shares: Sequence[int] | None = None) -> None:
+        from_job = num_replicas is None and rank is None
         if num_replicas is None or rank is None:
             from macfleet import runtime  # only when not given: a plain script needs no job
 
@@ -48,6 +58,8 @@ class DistributedSampler(Sampler[int]):
         self.parts = sum(shares)  # the indices of every round of the permutation
         self.mine = range(sum(shares[:rank]), sum(shares[:rank + 1]))  # this rank's places in a round
         self.length = dataset if isinstance(dataset, int) else len(dataset)
+        if from_job and num_replicas > 1:
+            runtime.note_dataset(next(_made), self.length)
         self.num_replicas, self.rank = num_replicas, rank
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
