@@ -98,7 +98,8 @@ class Coordinator:
         self.devices: dict[int, str] = {}  # rank -> the device it trains on, from registrations
         self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
-        self.datasets: dict[int, dict[int, int]] = {}  # k -> rank -> the length of its k-th sampler's dataset
+        self.datasets: dict[int, dict[int, int]] = {}  # k -> rank -> its k-th sampler's length, till all came
+        self._datasets_said: set[tuple[int, ...]] = set()  # the ranks' lengths warned of (a sampler made each epoch)
         self.samples: dict[int, Sample] = {}  # rank -> its latest answer to a STACKS request (a stall, a silence)
         self._recheck: Recheck | None = None
         self._abort_after = 0.0  # how long the waits of a stall may last before it is aborted (0: twice the timeout)
@@ -419,8 +420,13 @@ class Coordinator:
             raise wire.BadMessage("bad dataset note")
         lengths = self.datasets.setdefault(k, {})
         lengths[int(sender[5:])] = length
-        if len(lengths) < self.world_size or len(set(lengths.values())) == 1:
+        if len(lengths) < self.world_size:
             return
+        del self.datasets[k]
+        said = tuple(lengths[rank] for rank in sorted(lengths))
+        if len(set(said)) == 1 or said in self._datasets_said:
+            return
+        self._datasets_said.add(said)
         by_length: dict[int, list[int]] = {}
         for rank in sorted(lengths):
             by_length.setdefault(lengths[rank], []).append(rank)

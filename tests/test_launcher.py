@@ -259,8 +259,9 @@ def test_ranks_whose_datasets_differ_in_length_are_told_which() -> None:
     """An incomplete copy of the data on one Mac: each rank shards a shuffle of its own
     dataset's indices, so the ranks' parts overlap and miss samples, and nothing else shows it.
     Rank 2's first sampler has one sample fewer; the second is the same everywhere, and each
-    rank's third is its own (``num_replicas=1``): the launcher names the first alone, and the
-    job goes on (the ranks' shards add up to 14 + 14 + 13)."""
+    rank's third is its own (``num_replicas=1``), and the fourth is the first again (made anew
+    each epoch): the launcher names the first alone, once, and the job goes on (the ranks'
+    shards add up to 14 + 14 + 13)."""
     job = run_launch("--nproc", "3", str(BIN / "datasets.py"), "2", timeout=60)
     assert job.code == 0 and "rank 0: 41 samples in the shards" in job.stdout, job.output
     told = re.findall(r"warning: the ranks' datasets differ in length \(DistributedSampler (\d+) of each rank's, "
