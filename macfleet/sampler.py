@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+import warnings
 from typing import Any, Iterator, Sequence, Sized
 
 import torch
@@ -33,7 +34,8 @@ class DistributedSampler(Sampler[int]):
     dataset's indices, so datasets of different lengths (an incomplete copy on one Mac) make
     parts that overlap and miss samples. A sampler of the job's ranks (``num_replicas`` and
     ``rank`` not given) tells the launcher its dataset's length, and the launcher warns when the
-    ranks' differ.
+    ranks' differ. An epoch's order taken twice without ``set_epoch`` in between (a loop that
+    never calls it, so every epoch is shuffled alike) is warned of, once, by rank 0's sampler.
     """
 
     def __init__(self, dataset: Sized | int, num_replicas: int | None = None, rank: int | None = None,
@@ -65,10 +67,19 @@ class DistributedSampler(Sampler[int]):
         self.epoch = 0
         self.start = 0  # samples of this epoch's shard already consumed (for resume)
         self._resume: tuple[int, int] | None = None  # (epoch, start) from load_state_dict, for set_epoch
+        self._taken = False  # whether this epoch's order was taken since set_epoch (or the start)
+        self._warned = False
         self.rounds = self.length // self.parts if drop_last else math.ceil(self.length / self.parts)
         self.num_samples = self.rounds * len(self.mine)
 
     def __iter__(self) -> Iterator[int]:
+        if self.shuffle and self._taken and self.rank == 0 and not self._warned:
+            # torch's sampler has the same trap, silently; said once, by one rank
+            self._warned = True
+            warnings.warn(f"DistributedSampler: the order of epoch {self.epoch} was taken again without "
+                          f"set_epoch(), so every epoch gets the same shuffle; call sampler.set_epoch(epoch) at "
+                          f"the start of each epoch, as with torch's", stacklevel=2)
+        self._taken = True
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + self.epoch)
@@ -91,6 +102,7 @@ class DistributedSampler(Sampler[int]):
         many samples of this rank's shard to skip (default: those a loaded checkpoint had
         consumed, if it was saved in this epoch; else none)."""
         resume, self._resume = self._resume, None
+        self._taken = False
         if start is None:
             start = resume[1] if resume is not None and resume[0] == epoch else 0
         self.epoch, self.start = epoch, start

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Iterator
 
 import msgpack
@@ -360,6 +361,25 @@ def test_epochs_reshuffle_and_resume_mid_epoch() -> None:
     resumed.set_epoch(1)  # the checkpoint's epoch is not this one
     s.set_epoch(1)
     assert list(resumed) == list(s)
+
+
+def test_an_epoch_s_order_taken_again_without_set_epoch_is_warned_of_once() -> None:
+    """A loop that never calls set_epoch shuffles every epoch alike, with torch's sampler too;
+    rank 0's sampler says so, once. A sampler without shuffling, and one whose epochs are set,
+    say nothing."""
+    s = DistributedSampler(20, num_replicas=2, rank=0, seed=1)
+    first = list(s)
+    with pytest.warns(UserWarning, match=r"order of epoch 0 was taken again without set_epoch\(\)") as said:
+        assert list(s) == first  # the same order: what the warning is about
+        list(s)
+    assert len(said) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plain, stepped = DistributedSampler(20, num_replicas=2, rank=0, shuffle=False), DistributedSampler(20, 2, 0)
+        other = DistributedSampler(20, num_replicas=2, rank=1)  # rank 0's says it for the job
+        for epoch in range(3):
+            stepped.set_epoch(epoch)
+            list(plain), list(stepped), list(other)
 
 
 @given(st.integers(1, 300), st.lists(st.integers(1, 3), min_size=1, max_size=6),
