@@ -27,7 +27,8 @@ from macfleet.launcher.hosts import Host
 from macfleet.launcher.relay import STDERR, STDOUT, Relay, drain
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
 from macfleet.netaddr import CABLE_ADVICE, over_wifi, route_source
-from macfleet.launcher.report import failure_report, facts_table, pace_report, stood_by_report, versions_differ
+from macfleet.launcher.report import (failure_report, facts_table, pace_report, scripts_differ, stood_by_report,
+                                      versions_differ)
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.launcher.tracefile import TraceFile
 from macfleet.protocol import AgentSpec
@@ -329,6 +330,16 @@ def _start(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc]) -> No
         log("hosts disagree on versions (--allow-version-mismatch to run anyway):\n" + facts_table(names, facts))
         coord.fail(Failure(time.time(), "hosts run different torch or macfleet versions"))
         return
+    # With no disk the Macs share, each runs its own copy of the script (agent.script_digest).
+    missing = [name for name, f in zip(names, facts, strict=True) if f.get("script") == "missing"]
+    if missing:
+        coord.fail(Failure(time.time(), f"the script {os.path.join(cfg.cwd, cfg.script)} is not on "
+                                        f"{', '.join(missing)}: every Mac runs its own copy, at the same path; copy "
+                                        f"it there, or keep it on a disk they share"))
+        return
+    if scripts_differ(facts):
+        log(f"warning: {cfg.script} is not the same on every host (an edit not copied to every Mac?), and each "
+            f"runs its own (the SHA-256 of each host's copy):\n" + facts_table(names, facts, ("script",)))
     wrong = cabling.hellos_out_of_order(coord.hellos, len(agents))
     if wrong:
         fix = (f"list them in cabling order: {', '.join(names[i] for i in wrong.order)}" if wrong.order else

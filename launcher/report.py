@@ -110,10 +110,15 @@ def versions_differ(facts: list[dict]) -> bool:
     return any(len({str(f.get(key)) for f in facts}) > 1 for key in VERSION_KEYS)
 
 
-def facts_table(names: list[str], facts: list[dict]) -> str:
+def scripts_differ(facts: list[dict]) -> bool:
+    """Whether the hosts' copies of the script differ (a ``-m`` module's are not compared)."""
+    return len({f.get("script") for f in facts} - {None}) > 1
+
+
+def facts_table(names: list[str], facts: list[dict], columns: tuple[str, ...] = ("python", "torch", "macfleet", "os")
+                ) -> str:
     """One row per host. In a column whose values differ, ``<-`` marks the odd ones out: the
     values other than the one most hosts share, or every value when no one value leads."""
-    columns = ("python", "torch", "macfleet", "os")
     marked: dict[str, set[str]] = {}
     for c in columns:
         values = [str(f.get(c)) for f in facts]

@@ -260,6 +260,57 @@ def test_hosts_with_different_versions_are_refused(sshd, tmp_path) -> None:
     assert ok.code == 0, ok.output
 
 
+def python_with_other_disk(tmp_path: Path, host: str, mount: str) -> Path:
+    """A Python that on ``host`` runs in a mount namespace of its own, after ``mount MOUNT``
+    there: that "Mac" sees other files at the same paths, as a Mac with its own disk would."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs unshare -m (root) for a host with files of its own")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\ncase \"$SSH_CONNECTION\" in *{host}*) exec unshare -m --propagation private "
+                      f"sh -c 'mount {mount} && exec \"$@\"' sh {os.sys.executable} \"$@\";; esac\n"
+                      f"exec {os.sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    return python
+
+
+def two_versions(tmp_path: Path) -> tuple[Path, Path]:
+    """A script, and an older copy of it."""
+    (tmp_path / "code").mkdir()
+    script, old = tmp_path / "code" / "train.py", tmp_path / "old.py"
+    for path, version in ((script, "new"), (old, "old")):
+        path.write_text(f"import macfleet\nmacfleet.init()\nprint('{version} version', flush=True)\n"
+                        f"macfleet.shutdown()\n")
+    return script, old
+
+
+def test_a_script_that_differs_on_one_host_is_named_and_each_host_runs_its_own(sshd, tmp_path) -> None:
+    """With no disk the Macs share, each runs its own copy of the script, and an edit not
+    copied to one of them makes its ranks run other code, with nothing to show for it. On
+    127.0.0.3 an older copy is at the script's path: the launcher names that host, by the
+    digest of its copy, and the job runs as written."""
+    script, old = two_versions(tmp_path)
+    python = python_with_other_disk(tmp_path, "127.0.0.3", f"--bind {old} {script}")
+    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1,127.0.0.1:1", *sshd.launch_options(), "--python", str(python),
+                     str(script), timeout=60)
+    assert job.code == 0, job.output
+    assert sorted(re.findall(r"\[rank (\d) \S+\] (\w+) version", job.stdout)) == \
+        [("0", "new"), ("1", "old"), ("2", "new")], job.stdout
+    table = job.stderr[job.stderr.index(f"warning: {script} is not the same on every host"):]
+    marked = [line.split()[0] for line in table.splitlines() if line.endswith("<-")]
+    assert marked == ["127.0.0.3"], table
+
+
+def test_a_script_missing_on_a_host_is_named_before_any_rank_starts(sshd, tmp_path) -> None:
+    """Where a Mac lacks the script, each of its ranks failed with Python's "can't open file"."""
+    script, _ = two_versions(tmp_path)
+    python = python_with_other_disk(tmp_path, "127.0.0.3", f"-t tmpfs none {script.parent}")
+    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(), "--python", str(python),
+                     str(script), timeout=60)
+    assert job.code != 0 and "version" not in job.stdout, job.output
+    root = job.stderr[job.stderr.index("root cause"):].splitlines()[1]
+    assert f"the script {script} is not on 127.0.0.3: every Mac runs its own copy" in root, root
+
+
 def test_a_remote_hosts_missing_python_or_directory_is_named_as_the_root_cause(sshd, tmp_path) -> None:
     """The launching Mac cannot check them; the report said only 'exited unexpectedly (code 127)'."""
     hosts = ["--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options()]

@@ -14,6 +14,7 @@ On a Mac it keeps the Mac from sleeping while its ranks run (``macfleet.workers.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import platform
@@ -106,6 +107,20 @@ def host_facts() -> dict[str, object]:
         "cpus": os.cpu_count(),
         "memory_gb": _memory_gb(),
     }
+
+
+def script_digest(spec: AgentSpec) -> str | None:
+    """The first 12 hex digits of the SHA-256 of the script this host's ranks will run
+    ("missing" where it is not there; None for ``-m``, which Python finds when it starts). With
+    no disk the Macs share, each runs its own copy, and one that an edit did not reach makes the
+    ranks run different code: the launcher compares them."""
+    if spec.script == "-m":
+        return None
+    try:
+        with open(os.path.join(spec.cwd, spec.script), "rb") as script:
+            return hashlib.sha256(script.read()).hexdigest()[:12]
+    except OSError:
+        return "missing"
 
 
 def _memory_gb() -> float | None:
@@ -296,7 +311,8 @@ class Agent:
             print(f"macfleet agent on {self.spec.host}: {exc}", file=sys.stderr, flush=True)
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             return 2
-        hello = {"host_index": self.spec.host_index, "host": self.spec.host, "facts": host_facts(),
+        hello = {"host_index": self.spec.host_index, "host": self.spec.host,
+                 "facts": {**host_facts(), "script": script_digest(self.spec)},
                  "data_addr": self.data_addrs[0], "data_addrs": self.data_addrs,
                  "data_nets": netaddr.with_subnets(self.data_addrs, networks),
                  "link": netaddr.links_of(self.data_addrs, held),
