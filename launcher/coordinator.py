@@ -100,6 +100,7 @@ class Coordinator:
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
         self.datasets: dict[int, dict[int, int]] = {}  # k -> rank -> its k-th sampler's length, till all came
         self._datasets_said: set[tuple[int, ...]] = set()  # the ranks' lengths warned of (a sampler made each epoch)
+        self.sources: dict[str, dict[str, str]] = {}  # host -> the script's modules its first rank imported: digests
         self.samples: dict[int, Sample] = {}  # rank -> its latest answer to a STACKS request (a stall, a silence)
         self._recheck: Recheck | None = None
         self._abort_after = 0.0  # how long the waits of a stall may last before it is aborted (0: twice the timeout)
@@ -168,6 +169,7 @@ class Coordinator:
             protocol.BEAT: self._on_beat,
             protocol.REPORT: self._on_report,
             protocol.DATASET: self._on_dataset,
+            protocol.SOURCES: self._on_sources,
             protocol.STACKS: self._on_stacks,
             protocol.TRACE: self._on_trace,
         }.get(kind)
@@ -435,6 +437,21 @@ class Coordinator:
         self.log(f"warning: the ranks' datasets differ in length (DistributedSampler {k} of each rank's, in the "
                  f"order made): {found}. Each rank takes its part of a shuffle of its own dataset's indices, so the "
                  f"parts overlap and miss samples: every Mac must hold the same dataset")
+
+    def _on_sources(self, msg: dict[str, Any], peer: Peer) -> None:
+        """A host's first rank's digests of the script's modules (``macfleet.sources``): once
+        every host's have come, name the modules whose copies differ between hosts."""
+        sender, files = str(msg.get("from")), msg.get("files")
+        if not sender.startswith("rank-") or not isinstance(files, dict):
+            raise wire.BadMessage("bad sources")
+        self.sources[self.hosts.get(int(sender[5:]), sender)] = {str(k): str(v) for k, v in files.items()}
+        if len(self.sources) != self.num_agents:
+            return
+        odd = odd_copies(self.sources)
+        if odd:
+            named = "; ".join(f"{name} on {', '.join(hosts)}" for name, hosts in odd[:10])
+            self.log(f"warning: modules of the script are not the same on every host (edits not copied to every "
+                     f"Mac?), and each host runs its own: {named}{' ...' if len(odd) > 10 else ''}")
 
     def ring_table(self) -> str:
         links = {rank: hello.get("link") or "?" for hello in self.hellos.values()
@@ -786,3 +803,19 @@ def spans(ranks: list[int]) -> str:
         else:
             runs.append([r, r])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def odd_copies(copies: dict[str, dict[str, str]]) -> list[tuple[str, list[str]]]:
+    """``copies``: each host's digest of each file. The files whose copies differ, each with the
+    hosts whose copy is odd: not the one most hosts have, or every host where none leads (a
+    host that has no such file counts as a copy of its own)."""
+    odd = []
+    for name in sorted(set().union(*copies.values())):
+        by_digest: dict[str | None, list[str]] = {}
+        for host, files in copies.items():
+            by_digest.setdefault(files.get(name), []).append(host)
+        if len(by_digest) > 1:
+            groups = sorted(by_digest.values(), key=len, reverse=True)
+            leads = len(groups[0]) > len(groups[1])
+            odd.append((name, [host for group in (groups[1:] if leads else groups) for host in group]))
+    return odd

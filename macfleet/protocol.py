@@ -25,6 +25,9 @@ Flow of one job::
     worker -> coordinator   dataset  {sampler, length}                 (the length of the dataset its k-th
                                                                        DistributedSampler shards: the
                                                                        ranks' must agree)
+    worker -> coordinator   sources  {files}                           (a host's first rank, at init: the
+                                                                       digests of the script's own modules
+                                                                       it imported, ``macfleet.sources``)
     worker -> coordinator   trace    {events, dropped}                 (with launch --timeline: what it
                                                                        recorded since, ``macfleet.timeline``)
     coord  -> agent         beat     {}                                (every HEARTBEAT_S: the launcher lives)
@@ -58,6 +61,7 @@ ABORT = "abort"
 BYE = "bye"
 REPORT = "report"
 DATASET = "dataset"
+SOURCES = "sources"
 STDIN = "stdin"
 HOLD = "hold"
 TRACE = "trace"

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 import zmq
 
-from macfleet import backends, errorfile, hostops, knobs, protocol, segments, timeline
+from macfleet import backends, errorfile, hostops, knobs, protocol, segments, sources, timeline
 from macfleet.arguments import check_all_gather, check_all_reduce, check_broadcast
 from macfleet.collectives import LEFT, Collectives, error_line
 from macfleet.commands import starts_script
@@ -181,6 +181,8 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
         control.status = collectives.status
     _runtime = Runtime(env, dev, collectives, control, ctx, data_ctx)
     atexit.register(shutdown)
+    if multi_host and env.local_rank == 0:  # each Mac runs its own copy of the script's modules
+        control.outbox.put((protocol.SOURCES, {"files": sources.imported_here()}))
     return _runtime
 
 

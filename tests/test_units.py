@@ -31,6 +31,7 @@ from conftest import MNIST
 from macfleet import ConfigError, hostops, netaddr, wire
 from macfleet.backends import MpsDevice, PolledEvent, check_tensor
 from macfleet.env import WorkerEnv
+from macfleet.launcher.coordinator import odd_copies
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
 from macfleet.launcher.relay import Output, Relay
 from macfleet.launcher.report import pace_report, stood_by_report
@@ -619,6 +620,14 @@ def test_ranks_that_stood_by_inside_join_are_named_with_their_share_of_the_job()
     assert line.startswith("a rank out of batches stood by inside join() while the others trained: rank 0 70% of its time")
     assert stood_by_report({2: 3.0}, waits) == []  # 3%: not worth a line
     assert stood_by_report({0: 70.0}, {1: (2.0, 100.0)}) == []  # rank 0 never said how long it ran
+
+
+def test_the_odd_copies_of_a_script_s_modules_are_those_most_hosts_do_not_have() -> None:
+    same, new, old = {"model.py": "aa"}, {"model.py": "aa", "data.py": "dd"}, {"model.py": "bb", "data.py": "dd"}
+    assert odd_copies({"studio": new, "mini": new, "air": new}) == []
+    assert odd_copies({"studio": new, "mini": old, "air": new}) == [("model.py", ["mini"])]
+    assert odd_copies({"studio": new, "mini": old}) == [("model.py", ["studio", "mini"])]  # two: neither leads
+    assert odd_copies({"studio": new, "mini": new, "air": same}) == [("data.py", ["air"])]  # one it never imported
 
 
 def test_ranks_that_stood_by_inside_join_are_listed_but_not_named_as_setting_the_pace() -> None:

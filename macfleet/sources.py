@@ -1,0 +1,52 @@
+"""The script's own modules that a rank has imported, for the launcher to compare between Macs.
+
+Without a disk the Macs share, each runs its own copy of the script and of the modules beside it
+(the ``model.py`` that ``train.py`` imports), and an edit that reached one Mac alone makes its
+ranks run other code with nothing to show for it. The agents compare the script itself before
+any rank starts (``workers.agent.script_digest``); at ``macfleet.init()`` each host's first rank
+sends the SHA-256 of every module the script has imported from its own folder so far (its own
+code, not installed packages), and the launcher names those that differ between hosts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+MOST = 500  # modules reported at most: a message stays small whatever the folder holds
+INSTALLED = ("site-packages", "dist-packages")  # packages installed under the folder some other way
+
+
+def imported_here() -> dict[str, str]:
+    """``{path relative to the script's folder: first 12 hex digits of its SHA-256}`` for the
+    modules imported from that folder and below it (the script itself left out; under ``-m``
+    the folder is the module's, and the working directory where ``__main__`` has no file)."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    root = os.path.realpath(os.path.dirname(main) if main else os.getcwd())
+    skip = os.path.realpath(main) if main else None
+    # Python's own modules (its standard library and packages, where a virtual environment is
+    # in the project's folder or a conda in the home folder that holds the script) differ with
+    # the Python version, which may differ between hosts: left out
+    pythons = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    found: dict[str, str] = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str) or not path.endswith(".py"):
+            continue
+        path = os.path.realpath(path)
+        if path == skip or not _under(path, root) or any(_under(path, p) for p in pythons) \
+                or any(part in INSTALLED for part in path.split(os.sep)):
+            continue
+        try:
+            with open(path, "rb") as source:
+                found[os.path.relpath(path, root)] = hashlib.sha256(source.read()).hexdigest()[:12]
+        except OSError:
+            continue
+        if len(found) == MOST:
+            break
+    return found
+
+
+def _under(path: str, folder: str) -> bool:
+    return os.path.commonpath([path, folder]) == folder
