@@ -20,11 +20,15 @@ INSTALLED = ("site-packages", "dist-packages")  # packages installed under the f
 
 def imported_here() -> dict[str, str]:
     """``{path relative to the script's folder: first 12 hex digits of its SHA-256}`` for the
-    modules imported from that folder and below it (the script itself left out; under ``-m``
-    the folder is the module's, and the working directory where ``__main__`` has no file)."""
-    main = getattr(sys.modules.get("__main__"), "__file__", None)
-    root = os.path.realpath(os.path.dirname(main) if main else os.getcwd())
-    skip = os.path.realpath(main) if main else None
+    modules imported from that folder and below it: the script's, or under ``-m`` the working
+    directory (the module itself counts then)."""
+    main_module = sys.modules.get("__main__")
+    main = getattr(main_module, "__file__", None)
+    by_path = main is not None and getattr(main_module, "__spec__", None) is None  # not -m
+    # the folder the script's imports are found in first; a script run by its path the agents
+    # compared already, a module run with -m they did not
+    root = os.path.realpath(os.path.dirname(main) if by_path else os.getcwd())
+    skip = os.path.realpath(main) if by_path else None
     # Python's own modules (its standard library and packages, where a virtual environment is
     # in the project's folder or a conda in the home folder that holds the script) differ with
     # the Python version, which may differ between hosts: left out
