@@ -300,25 +300,31 @@ def test_a_script_that_differs_on_one_host_is_named_and_each_host_runs_its_own(s
     assert marked == ["127.0.0.3"], table
 
 
-def test_a_module_of_the_script_that_differs_on_one_host_is_named(sshd, tmp_path) -> None:
+@pytest.mark.parametrize("how", ["script", "-m"])
+def test_a_module_of_the_script_that_differs_on_one_host_is_named(sshd, tmp_path, how: str) -> None:
     """The script is the same everywhere, but the model.py beside it that it imports was edited
     on one Mac alone (on 127.0.0.3 an older copy): each host's first rank sends the digests of
-    the script's own modules it imported at init, and the launcher names the odd copy."""
+    the script's own modules it imported at init, and the launcher names the odd copy. With
+    ``-m train`` (from --cwd), which the agents do not compare, train.py itself is the older one
+    there, and is named as one of those modules."""
     (tmp_path / "code").mkdir()
-    script, model, old = tmp_path / "code" / "train.py", tmp_path / "code" / "model.py", tmp_path / "old_model.py"
+    script, model = tmp_path / "code" / "train.py", tmp_path / "code" / "model.py"
     script.write_text("import macfleet\nimport model\nmacfleet.init()\nprint(model.VERSION, 'model', flush=True)\n"
                       "macfleet.shutdown()\n")
     model.write_text("VERSION = 'new'\n")
-    old.write_text("VERSION = 'older'\n")  # another size: a bytecode cache that another host wrote is not taken for it
-    python = python_with_other_disk(tmp_path, "127.0.0.3", f"--bind {old} {model}")
+    odd, old = (model, "VERSION = 'older'\n") if how == "script" else \
+        (script, "import macfleet\nimport model\nmacfleet.init()\nprint('older model', flush=True)\nmacfleet.shutdown()\n")
+    (tmp_path / "old.py").write_text(old)  # another size: a bytecode cache that another host wrote is not taken for it
+    python = python_with_other_disk(tmp_path, "127.0.0.3", f"--bind {tmp_path / 'old.py'} {odd}")
+    run = [str(script)] if how == "script" else ["--cwd", str(script.parent), "-m", "train"]
     job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1,127.0.0.1:1", *sshd.launch_options(), "--python", str(python),
-                     str(script), timeout=60)
+                     *run, timeout=60)
     assert job.code == 0, job.output
     assert sorted(re.findall(r"\[rank (\d) \S+\] (\w+) model", job.stdout)) == \
         [("0", "new"), ("1", "older"), ("2", "new")], job.stdout
     assert "warning: modules of the script are not the same on every host (edits not copied to every Mac?), and " \
-           "each host runs its own: model.py on 127.0.0.3\n" in job.stderr, job.stderr
-    assert "is not the same on every host (an edit" not in job.stderr, job.stderr  # the script itself is
+           f"each host runs its own: {odd.name} on 127.0.0.3\n" in job.stderr, job.stderr
+    assert "is not the same on every host (an edit" not in job.stderr, job.stderr  # not the agents' warning
 
 
 def test_a_script_missing_on_a_host_is_named_before_any_rank_starts(sshd, tmp_path) -> None:
