@@ -115,8 +115,8 @@ def scripts_differ(facts: list[dict]) -> bool:
     return len({f.get("script") for f in facts} - {None}) > 1
 
 
-def facts_table(names: list[str], facts: list[dict], columns: tuple[str, ...] = ("python", "torch", "macfleet", "os")
-                ) -> str:
+def facts_table(names: list[str], facts: list[dict],
+                columns: tuple[str, ...] = ("python", "torch", "macfleet", "os")) -> str:
     """One row per host. In a column whose values differ, ``<-`` marks the odd ones out: the
     values other than the one most hosts share, or every value when no one value leads."""
     marked: dict[str, set[str]] = {}
