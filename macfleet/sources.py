@@ -32,15 +32,18 @@ def imported_here() -> dict[str, str]:
     # Python's own modules (its standard library and packages, where a virtual environment is
     # in the project's folder or a conda in the home folder that holds the script) differ with
     # the Python version, which may differ between hosts: left out
-    pythons = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    prefixes = (sys.prefix, sys.base_prefix, sys.exec_prefix)
+    pythons = {os.path.realpath(p) for p in prefixes} | {os.path.abspath(p) for p in prefixes}
     found: dict[str, str] = {}
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if not isinstance(path, str) or not path.endswith(".py"):
             continue
+        path = os.path.abspath(path)
+        if _installed(path, pythons):
+            continue  # most of them, told from the path as it is: a real path costs a system call a folder
         path = os.path.realpath(path)
-        if path == skip or not _under(path, root) or any(_under(path, p) for p in pythons) \
-                or any(part in INSTALLED for part in path.split(os.sep)):
+        if path == skip or not _under(path, root) or _installed(path, pythons):
             continue
         try:
             with open(path, "rb") as source:
@@ -54,3 +57,7 @@ def imported_here() -> dict[str, str]:
 
 def _under(path: str, folder: str) -> bool:
     return os.path.commonpath([path, folder]) == folder
+
+
+def _installed(path: str, pythons: set[str]) -> bool:
+    return any(_under(path, p) for p in pythons) or any(part in INSTALLED for part in path.split(os.sep))
