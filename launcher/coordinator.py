@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Hashable, TypeVar
 
 import zmq
 
 from macfleet import netaddr, protocol, wire
 from macfleet.launcher.tracefile import TraceFile
 from macfleet.protocol import WorkerExit
+
+K = TypeVar("K")
+V = TypeVar("V", bound=Hashable)
 
 
 @dataclass
@@ -805,17 +808,23 @@ def spans(ranks: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
+def odd_ones(values: dict[K, V]) -> list[K]:
+    """The keys whose value is not the one most keys share, or every key where no one value
+    leads; none where all agree (the launcher's tables of hosts that differ mark these)."""
+    groups: dict[V, list[K]] = {}
+    for key, value in values.items():
+        groups.setdefault(value, []).append(key)
+    if len(groups) < 2:
+        return []
+    ranked = sorted(groups.values(), key=len, reverse=True)
+    leads = len(ranked[0]) > len(ranked[1])
+    return [key for group in (ranked[1:] if leads else ranked) for key in group]
+
+
 def odd_copies(copies: dict[str, dict[str, str]]) -> list[tuple[str, list[str]]]:
     """``copies``: each host's digest of each file. The files whose copies differ, each with the
-    hosts whose copy is odd: not the one most hosts have, or every host where none leads (a
-    host that has no such file counts as a copy of its own)."""
-    odd = []
-    for name in sorted(set().union(*copies.values())):
-        by_digest: dict[str | None, list[str]] = {}
-        for host, files in copies.items():
-            by_digest.setdefault(files.get(name), []).append(host)
-        if len(by_digest) > 1:
-            groups = sorted(by_digest.values(), key=len, reverse=True)
-            leads = len(groups[0]) > len(groups[1])
-            odd.append((name, [host for group in (groups[1:] if leads else groups) for host in group]))
-    return odd
+    hosts whose copy is odd (``odd_ones``; a host that has no such file counts as a copy of its
+    own)."""
+    odd = [(name, odd_ones({host: files.get(name) for host, files in copies.items()}))
+           for name in sorted(set().union(*copies.values()))]
+    return [(name, hosts) for name, hosts in odd if hosts]

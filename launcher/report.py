@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from macfleet.launcher.coordinator import Failure, spans
+from macfleet.launcher.coordinator import Failure, odd_ones, spans
 from macfleet.protocol import STOOD_BY, WorkerExit
 
 
@@ -122,10 +122,8 @@ def facts_table(names: list[str], facts: list[dict],
     marked: dict[str, set[str]] = {}
     for c in columns:
         values = [str(f.get(c)) for f in facts]
-        counts = sorted(((values.count(v), v) for v in set(values)), reverse=True)
-        if len(counts) > 1 and c != "os":
-            leader = counts[0][1] if counts[0][0] > counts[1][0] else None
-            marked[c] = {v for _, v in counts if v != leader}
+        if c != "os":
+            marked[c] = {values[i] for i in odd_ones(dict(enumerate(values)))}
     rows = [("host", *columns)]
     for name, f in zip(names, facts, strict=True):
         rows.append((name, *(str(f.get(c)) + (" <-" if str(f.get(c)) in marked.get(c, ()) else "")

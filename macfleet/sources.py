@@ -46,13 +46,19 @@ def imported_here() -> dict[str, str]:
         if path == skip or not _under(path, root) or _installed(path, pythons):
             continue
         try:
-            with open(path, "rb") as source:
-                found[os.path.relpath(path, root)] = hashlib.sha256(source.read()).hexdigest()[:12]
+            found[os.path.relpath(path, root)] = digest(path)
         except OSError:
             continue
         if len(found) == MOST:
             break
     return found
+
+
+def digest(path: str) -> str:
+    """The first 12 hex digits of the SHA-256 of the file at ``path``: how hosts compare their
+    copies of the script (the agents) and of its modules (the ranks)."""
+    with open(path, "rb") as source:
+        return hashlib.sha256(source.read()).hexdigest()[:12]
 
 
 def _under(path: str, folder: str) -> bool:

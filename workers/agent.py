@@ -14,7 +14,6 @@ On a Mac it keeps the Mac from sleeping while its ranks run (``macfleet.workers.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import platform
@@ -33,7 +32,7 @@ from typing import IO
 
 import zmq
 
-from macfleet import netaddr, openfiles, protocol, segments
+from macfleet import netaddr, openfiles, protocol, segments, sources
 from macfleet.commands import module_command
 from macfleet.control import ControlClient
 from macfleet.lines import WholeLines, ends_line, forward_nowhere, pieces
@@ -110,15 +109,14 @@ def host_facts() -> dict[str, object]:
 
 
 def script_digest(spec: AgentSpec) -> str | None:
-    """The first 12 hex digits of the SHA-256 of the script this host's ranks will run
-    ("missing" where it is not there; None for ``-m``, which Python finds when it starts). With
-    no disk the Macs share, each runs its own copy, and one that an edit did not reach makes the
-    ranks run different code: the launcher compares them."""
+    """``sources.digest`` of the script this host's ranks will run ("missing" where it is not
+    there; None for ``-m``, which Python finds when it starts). With no disk the Macs share, each
+    runs its own copy, and one that an edit did not reach makes the ranks run different code:
+    the launcher compares them."""
     if spec.script == "-m":
         return None
     try:
-        with open(os.path.join(spec.cwd, spec.script), "rb") as script:
-            return hashlib.sha256(script.read()).hexdigest()[:12]
+        return sources.digest(os.path.join(spec.cwd, spec.script))
     except OSError:
         return "missing"
 
