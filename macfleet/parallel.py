@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from macfleet import runtime as rt
-from macfleet import timeline
+from macfleet import loaders, timeline
 from macfleet.arguments import WIRE_DTYPES
 from macfleet.backends import Device, HostEvent
 from macfleet.buckets import Bucket, BucketThread, average, bucket_layout, exchange, stage
@@ -325,6 +325,8 @@ class DataParallel(nn.Module):
         if self.broadcast_buffers and self.runtime.world_size > 1:
             with torch.no_grad(), rt.on_behalf_of("DataParallel (buffers)"):
                 self._broadcast_buffers(source)
+        if self.runtime.rank == 0 and self.runtime.world_size > 1:
+            loaders.CHECK(self.runtime.world_size)  # a DataLoader that every rank reads whole
 
     def _broadcast_buffers(self, source: int) -> None:
         """Rank ``source``'s buffers on every rank, written past autograd's version counters, as

@@ -5,11 +5,12 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-import warnings
 from typing import Any, Iterator, Sequence, Sized
 
 import torch
 from torch.utils.data import Sampler
+
+from macfleet.errors import warn_at_script
 
 _made = itertools.count(1)  # this process's samplers of the job, in the order made: the same on every rank
 
@@ -76,9 +77,9 @@ class DistributedSampler(Sampler[int]):
         if self.shuffle and self._taken and self.rank == 0 and not self._warned:
             # torch's sampler has the same trap, silently; said once, by one rank
             self._warned = True
-            warnings.warn(f"DistributedSampler: the order of epoch {self.epoch} was taken again without "
-                          f"set_epoch(), so every epoch gets the same shuffle; call sampler.set_epoch(epoch) at "
-                          f"the start of each epoch, as with torch's", stacklevel=2)
+            warn_at_script(f"DistributedSampler: the order of epoch {self.epoch} was taken again without "
+                           f"set_epoch(), so every epoch gets the same shuffle; call sampler.set_epoch(epoch) at "
+                           f"the start of each epoch, as with torch's")
         self._taken = True
         if self.shuffle:
             g = torch.Generator()

@@ -272,6 +272,7 @@ def test_a_ddp_script_ported_by_the_readme_s_table_trains_as_ddp_does(tmp_path) 
     for mode in ("ddp", "macfleet"):
         job = run_launch("--nproc", "3", str(BIN / "ddp_port.py"), mode, str(tmp_path / mode), timeout=90)
         assert job.code == 0, job.output
+        assert "reads the whole dataset" not in job.output  # its loader has a DistributedSampler
         results[mode] = torch.load(tmp_path / mode)
     ddp, ported = results["ddp"], results["macfleet"]
     assert len(ported["losses"]) == len(ddp["losses"]) == 8  # 96 samples, 3 ranks, batches of 8, two epochs
@@ -280,6 +281,22 @@ def test_a_ddp_script_ported_by_the_readme_s_table_trains_as_ddp_does(tmp_path) 
         assert torch.allclose(ported["params"][name], value, atol=1e-5, rtol=0), name
     for key in ("broadcast", "gathered"):
         assert ported[key] == ddp[key], key
+
+
+def test_a_data_loader_that_every_rank_reads_whole_is_pointed_out_once() -> None:
+    """A script ported from one process keeps DataLoader(dataset, shuffle=True): it trains, and
+    every rank goes through the whole dataset each epoch, so two Macs were no faster than one,
+    without a word. Rank 0 now says so once, at the script's line, past a warm-up step taken
+    before the loop; the job still runs as written."""
+    job = run_launch("--nproc", "3", str(BIN / "whole_loader.py"), timeout=60)
+    assert job.code == 0, job.output
+    assert all(f"rank {r} took 12 steps" in job.stdout for r in range(3))  # 96 samples in batches of 8: all of them
+    said = [line for line in job.output.splitlines() if "reads the whole dataset" in line]
+    assert len(said) == 1 and said[0].startswith("[rank 0]"), job.output
+    script = BIN / "whole_loader.py"
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "the line the warning names" in text)
+    assert f"{script}:{line}: UserWarning: rank 0 trains from a DataLoader whose RandomSampler" in said[0]
+    assert "all 3 ranks go through all of it every epoch" in said[0]
 
 
 @pytest.mark.parametrize("shm", ["1", "0"], ids=["shared memory", "sockets"])

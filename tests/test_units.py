@@ -6,6 +6,7 @@ import collections
 import contextlib
 import ctypes
 import dataclasses
+import gc
 import gzip
 import json
 import os
@@ -374,6 +375,7 @@ def test_an_epoch_s_order_taken_again_without_set_epoch_is_warned_of_once() -> N
         assert list(s) == first  # the same order: what the warning is about
         list(s)
     assert len(said) == 1
+    assert said[0].filename == __file__  # the script's line that took the order, not macfleet's
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         plain, stepped = DistributedSampler(20, num_replicas=2, rank=0, shuffle=False), DistributedSampler(20, 2, 0)
@@ -381,6 +383,50 @@ def test_an_epoch_s_order_taken_again_without_set_epoch_is_warned_of_once() -> N
         for epoch in range(3):
             stepped.set_epoch(epoch)
             list(plain), list(stepped), list(other)
+
+
+def test_a_data_loader_that_every_rank_reads_whole_is_told_from_one_that_shards() -> None:
+    """What rank 0's DataParallel looks for at its first training steps: the loaders being
+    iterated, and whether one reads a whole dataset while none shards one (at 2 ranks)."""
+    from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset, random_split
+
+    from macfleet.loaders import LOOKS, WholeDatasetCheck, iterated_samplers
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    gc.collect()  # iterators of earlier tests
+    data = TensorDataset(torch.arange(40.0))
+    assert iterated_samplers(2) == (False, None)
+    shuffled = iter(DataLoader(data, batch_size=4, shuffle=True))
+    found, whole = iterated_samplers(2)
+    assert found and type(whole).__name__ == "RandomSampler" and whole.data_source is data
+    sharded = iter(DataLoader(data, batch_size=4, sampler=DistributedSampler(data, num_replicas=2, rank=0)))
+    assert iterated_samplers(2) == (True, None)  # the training loader shards; the other is, say, validation's
+    del shuffled, sharded
+    in_order = iter(DataLoader(data, batch_size=4))  # shuffle=False: every rank the same batches
+    assert type(iterated_samplers(2)[1]).__name__ == "SequentialSampler"
+    del in_order
+    train, _ = random_split(data, [36, 4])
+    split = iter(DataLoader(train, shuffle=True))  # most of the base: read whole on every rank
+    assert iterated_samplers(2)[1] is not None
+    del split
+    for let_be in (Subset(data, range(0, 40, 2)), Stream()):  # a rank's half, cut by hand; a stream
+        kept = iter(DataLoader(let_be, batch_size=4))
+        assert iterated_samplers(2) == (True, None), let_be
+        del kept
+    check = WholeDatasetCheck()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(LOOKS):
+            check(2)  # no loader yet: each look finds none
+        late = iter(DataLoader(data, shuffle=True))
+        check(2)  # it has given up by now, and costs nothing more
+    with pytest.warns(UserWarning, match=r"RandomSampler reads the whole dataset \(40 samples\).* all 3 ranks .*"
+                                         r"sampler=macfleet.DistributedSampler\(dataset\) in place of shuffle=True"):
+        WholeDatasetCheck()(3)
+    del late
 
 
 @given(st.integers(1, 300), st.lists(st.integers(1, 3), min_size=1, max_size=6),

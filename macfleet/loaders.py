@@ -1,0 +1,101 @@
+"""Training data that every rank reads whole: a ``DataLoader`` with no ``DistributedSampler``.
+
+A script ported from one process keeps its ``DataLoader(dataset, shuffle=True)``, wraps its
+model in ``macfleet.DataParallel``, and trains without an error: every rank then goes through
+the whole dataset each epoch (in an order of its own; with ``shuffle=False``, the same batches
+as every other rank), so an epoch takes as long as it did on one process, and two Macs look no
+faster than one. torch's DDP says nothing of it (Lightning swaps in a distributed sampler by
+itself). At its first training steps, rank 0's DataParallel looks at the data loaders being
+iterated (a ``for`` loop's iterator is alive while its body runs) and warns once if every one
+of them reads a whole dataset.
+"""
+
+from __future__ import annotations
+
+import gc
+
+from torch.utils.data import RandomSampler, SequentialSampler, Subset
+from torch.utils.data import dataloader as _dataloader
+
+from macfleet.errors import warn_at_script
+
+# Training forwards to look at before giving up: a script may run one before its loop (a
+# warm-up on a dummy batch, torch.compile's first call), when no loader is being iterated yet.
+LOOKS = 3
+
+
+class WholeDatasetCheck:
+    """Rank 0's look, at most ``LOOKS`` times, until a loader is found."""
+
+    def __init__(self) -> None:
+        self.looks_left = LOOKS
+
+    def __call__(self, world_size: int) -> None:
+        if self.looks_left <= 0:
+            return
+        self.looks_left -= 1
+        found, whole = iterated_samplers(world_size)
+        if found:
+            self.looks_left = 0
+        if whole is not None:
+            warn_at_script(advice(whole, world_size))
+
+
+CHECK = WholeDatasetCheck()
+
+
+def iterated_samplers(world_size: int) -> tuple[bool, object | None]:
+    """Whether a data loader is being iterated in this process, and the sampler of one that
+    reads a whole dataset where none of them shards one (else None). A sampler with
+    ``num_replicas`` and ``rank`` shards (macfleet's, torch's, most others'); torch's
+    ``RandomSampler`` and ``SequentialSampler`` read the whole dataset, unless that dataset is a
+    ``Subset`` of at most a rank's share of its own (a shard made by hand). Any other sampler, and
+    an iterable dataset, may do either: it is let be."""
+    iterator_types = _subclasses(_dataloader._BaseDataLoaderIter)
+    # type() rather than isinstance: isinstance asks some objects for __class__, which a few of
+    # torch's deprecated module attributes answer with a warning
+    iterators = [obj for obj in gc.get_objects() if type(obj) in iterator_types]
+    whole = None
+    for iterator in iterators:
+        index_sampler = getattr(iterator, "_index_sampler", None)
+        sampler = getattr(index_sampler, "sampler", index_sampler)  # a BatchSampler's, or itself
+        if hasattr(sampler, "num_replicas") and hasattr(sampler, "rank"):
+            return True, None
+        if type(sampler) in (RandomSampler, SequentialSampler) and not _a_shard(getattr(sampler, "data_source", None), world_size):
+            whole = sampler
+    return bool(iterators), whole
+
+
+def _a_shard(dataset: object, world_size: int) -> bool:
+    """A ``Subset`` of at most a rank's share of its base: one rank's part, cut by hand (a
+    ``random_split``'s training part is most of its base, and reads it whole)."""
+    if not isinstance(dataset, Subset):
+        return False
+    try:
+        return len(dataset) * world_size <= len(dataset.dataset) + world_size  # type: ignore[arg-type]
+    except TypeError:  # a base without a length
+        return True
+
+
+def advice(sampler: object, world_size: int) -> str:
+    try:
+        size = f" ({len(sampler):,} samples)"  # type: ignore[arg-type]
+    except TypeError:
+        size = ""
+    if isinstance(sampler, RandomSampler):
+        how, fix = "each in its own order", "sampler=macfleet.DistributedSampler(dataset) in place of shuffle=True"
+    else:
+        how = "each the same batches in the same order, so every rank's gradients are the same"
+        fix = "sampler=macfleet.DistributedSampler(dataset, shuffle=False)"
+    return (f"rank 0 trains from a DataLoader whose {type(sampler).__name__} reads the whole dataset{size}, "
+            f"and no DistributedSampler splits it among the ranks: unless each rank's dataset holds only its "
+            f"own part, all {world_size} ranks go through all of it every epoch ({how}), so an epoch takes as "
+            f"long as on one process. Give the DataLoader {fix}, and call sampler.set_epoch(epoch) as each "
+            f"epoch begins")
+
+
+def _subclasses(cls: type) -> set[type]:
+    found = {cls}
+    for sub in cls.__subclasses__():
+        found |= _subclasses(sub)
+    return found
