@@ -101,8 +101,9 @@ class Coordinator:
         self.devices: dict[int, str] = {}  # rank -> the device it trains on, from registrations
         self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
-        self.datasets: dict[int, dict[int, int]] = {}  # k -> rank -> its k-th sampler's length, till all came
-        self._datasets_said: set[tuple[int, ...]] = set()  # the ranks' lengths warned of (a sampler made each epoch)
+        # k -> rank -> its k-th sampler's dataset (length, and which part of its base a Subset holds), till all came
+        self.datasets: dict[int, dict[int, tuple[int, str | None]]] = {}
+        self._datasets_said: set[tuple[Any, ...]] = set()  # the ranks' datasets warned of (a sampler made each epoch)
         self.sources: dict[str, dict[str, str]] = {}  # host -> the script's modules its first rank imported: digests
         self.samples: dict[int, Sample] = {}  # rank -> its latest answer to a STACKS request (a stall, a silence)
         self._recheck: Recheck | None = None
@@ -415,31 +416,41 @@ class Coordinator:
             self.reports[rank] = dict(msg.get("data") or {})
 
     def _on_dataset(self, msg: dict[str, Any], peer: Peer) -> None:
-        """A rank's DistributedSampler and its dataset's length: once every rank's k-th has come,
-        say if the lengths differ (a Mac with an incomplete copy of the data). Each rank shards
-        a shuffle of its own dataset's indices, so the ranks' parts would overlap and miss
-        samples with nothing else to show for it. The job goes on: which copy is right is the
-        user's to say."""
-        sender, k, length = str(msg.get("from")), msg.get("sampler"), msg.get("length")
-        if not sender.startswith("rank-") or not isinstance(k, int) or not isinstance(length, int):
+        """A rank's DistributedSampler and its dataset: once every rank's k-th has come, say if
+        the lengths differ (a Mac with an incomplete copy of the data), or if the datasets are
+        parts of their bases that differ (a ``random_split`` made with each rank's own seed).
+        Each rank shards a shuffle of its own dataset's indices, so the ranks' parts would
+        overlap and miss samples with nothing else to show for it. The job goes on: which copy
+        is right is the user's to say."""
+        sender, k, length, subset = str(msg.get("from")), msg.get("sampler"), msg.get("length"), msg.get("subset")
+        if not sender.startswith("rank-") or not isinstance(k, int) or not isinstance(length, int) \
+                or not isinstance(subset, (str, type(None))):
             raise wire.BadMessage("bad dataset note")
-        lengths = self.datasets.setdefault(k, {})
-        lengths[int(sender[5:])] = length
-        if len(lengths) < self.world_size:
+        datasets = self.datasets.setdefault(k, {})
+        datasets[int(sender[5:])] = (length, subset)
+        if len(datasets) < self.world_size:
             return
         del self.datasets[k]
-        said = tuple(lengths[rank] for rank in sorted(lengths))
+        said = tuple(datasets[rank] for rank in sorted(datasets))
         if len(set(said)) == 1 or said in self._datasets_said:
             return
         self._datasets_said.add(said)
-        by_length: dict[int, list[int]] = {}
-        for rank in sorted(lengths):
-            by_length.setdefault(lengths[rank], []).append(rank)
-        found = ", ".join(f"{n} on rank{'s' if len(ranks) > 1 else ''} {spans(ranks)}"
-                          for n, ranks in by_length.items())
+        if len({n for n, _ in said}) == 1:
+            by_part = grouped(datasets)
+            found = ("each rank's holds other samples" if len(by_part) == len(said) else
+                     "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {spans(ranks)} hold{'' if len(ranks) > 1 else 's'} "
+                               f"{'one set' if i == 0 else 'another'}" for i, ranks in enumerate(by_part.values())))
+            self.log(f"warning: the ranks' datasets are different parts of their data (DistributedSampler {k} of "
+                     f"each rank's, in the order made: a Subset of {said[0][0]} samples on every rank, but {found}). "
+                     f"A random_split splits with the rank's own generator, which macfleet seeds with seed + rank, "
+                     f"so each rank trains on samples the others hold out: split with the same generator on every "
+                     f"rank, random_split(dataset, sizes, generator=torch.Generator().manual_seed(0))")
+            return
+        by_length = grouped({rank: n for rank, (n, _) in datasets.items()})
+        found = ", ".join(f"{n} on rank{'s' if len(ranks) > 1 else ''} {spans(ranks)}" for n, ranks in by_length.items())
         self.log(f"warning: the ranks' datasets differ in length (DistributedSampler {k} of each rank's, in the "
-                 f"order made): {found}. Each rank takes its part of a shuffle of its own dataset's indices, so the "
-                 f"parts overlap and miss samples: every Mac must hold the same dataset")
+                 f"order made): {found}. Each rank takes its part of a shuffle of its own dataset's indices, "
+                 f"so the parts overlap and miss samples: every Mac must hold the same dataset")
 
     def _on_sources(self, msg: dict[str, Any], peer: Peer) -> None:
         """A host's first rank's digests of the script's modules (``macfleet.sources``): once
@@ -795,6 +806,14 @@ def _fewer_steps(op: str) -> str:
     return ("; in DataParallel that means fewer training steps: every rank must run as many batches as the others "
             "(macfleet.DistributedSampler gives every rank the same number), or train inside `with model.join():`, "
             "where a rank out of batches takes part in the others' steps")
+
+
+def grouped(values: dict[int, V]) -> dict[V, list[int]]:
+    """The ranks that hold each value, in the order of their first rank."""
+    by_value: dict[V, list[int]] = {}
+    for rank in sorted(values):
+        by_value.setdefault(values[rank], []).append(rank)
+    return by_value
 
 
 def spans(ranks: list[int]) -> str:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import array
+import hashlib
 import itertools
 import math
 import operator
 from typing import Any, Iterator, Sequence, Sized
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import Sampler, Subset
 
 from macfleet.errors import warn_at_script
 
@@ -62,7 +64,7 @@ class DistributedSampler(Sampler[int]):
         self.mine = range(sum(shares[:rank]), sum(shares[:rank + 1]))  # this rank's places in a round
         self.length = dataset if isinstance(dataset, int) else len(dataset)
         if from_job and num_replicas > 1:
-            runtime.note_dataset(next(_made), self.length)
+            runtime.note_dataset(next(_made), self.length, None if isinstance(dataset, int) else subset_digest(dataset))
         self.num_replicas, self.rank = num_replicas, rank
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
@@ -125,3 +127,17 @@ class DistributedSampler(Sampler[int]):
             rounds = min((self.start // places) * parts // self.parts, self.rounds)  # a whole epoch: its end
             self.start = rounds * len(self.mine)
         self._resume = (self.epoch, self.start)
+
+
+def subset_digest(dataset: object) -> str | None:
+    """Which samples of its base a ``Subset`` (a ``random_split``'s part) holds, down a chain of
+    them, as a digest; None for any other dataset. Ranks that split with their own generators
+    (macfleet seeds rank r's with seed + r) hold different parts, of the same length."""
+    digest = None
+    while isinstance(dataset, Subset):
+        indices = dataset.indices
+        values = indices.tolist() if isinstance(indices, torch.Tensor) else indices
+        digest = digest or hashlib.sha256()
+        digest.update(array.array("q", values).tobytes() + b"/")
+        dataset = dataset.dataset
+    return None if digest is None else digest.hexdigest()[:16]

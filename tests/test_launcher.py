@@ -261,12 +261,22 @@ def test_ranks_whose_datasets_differ_in_length_are_told_which() -> None:
     Rank 2's first sampler has one sample fewer; the second is the same everywhere, and each
     rank's third is its own (``num_replicas=1``), and the fourth is the first again (made anew
     each epoch): the launcher names the first alone, once, and the job goes on (the ranks'
-    shards add up to 14 + 14 + 13)."""
+    shards add up to 14 + 14 + 13). The fifth and sixth have 30 samples on every rank, the
+    training part of a random_split: the fifth's split with each rank's own seed holds other
+    samples on each rank, which used to pass unseen, and is named; the sixth's is the same; the
+    seventh's is one on ranks 0 and 1, another on rank 2."""
     job = run_launch("--nproc", "3", str(BIN / "datasets.py"), "2", timeout=60)
     assert job.code == 0 and "rank 0: 41 samples in the shards" in job.stdout, job.output
     told = re.findall(r"warning: the ranks' datasets differ in length \(DistributedSampler (\d+) of each rank's, "
                       r"in the order made\): (.*?)\. ", job.stderr)
     assert told == [("1", "40 on ranks 0-1, 39 on rank 2")], job.stderr
+    # the fifth (the job's fourth: the third is no sampler of the job's): a random_split made with
+    # each rank's own seed; the sixth, with one seed, is let be; the seventh, with two, is named
+    told = re.findall(r"warning: the ranks' datasets are different parts of their data \(DistributedSampler (\d+) of "
+                      r"each rank's, in the order made: a Subset of (\d+) samples on every rank, but (.*?)\)\. "
+                      r".*?generator=torch.Generator\(\).manual_seed\(0\)\)", job.stderr)
+    assert told == [("4", "30", "each rank's holds other samples"),
+                    ("6", "30", "ranks 0-1 hold one set; rank 2 holds another")], job.stderr
 
 
 def test_bench_allreduce_prints_both_libraries_side_by_side(tmp_path) -> None:
