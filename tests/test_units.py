@@ -390,43 +390,49 @@ def test_a_data_loader_that_every_rank_reads_whole_is_told_from_one_that_shards(
     iterated, and whether one reads a whole dataset while none shards one (at 2 ranks)."""
     from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset, random_split
 
-    from macfleet.loaders import LOOKS, WholeDatasetCheck, iterated_samplers
+    from macfleet.loaders import LOOKS, Look, WholeDatasetCheck, look_at_loaders
 
     class Stream(IterableDataset):
         def __iter__(self):
             return iter(range(10))
 
-    gc.collect()  # iterators of earlier tests
+    gc.collect()  # loaders of earlier tests
     data = TensorDataset(torch.arange(40.0))
-    assert iterated_samplers(2) == (False, None)
-    shuffled = iter(DataLoader(data, batch_size=4, shuffle=True))
-    found, whole = iterated_samplers(2)
-    assert found and type(whole).__name__ == "RandomSampler" and whole.data_source is data
+    assert look_at_loaders(2) == Look(False, False, None)
+    loader = DataLoader(data, batch_size=4, shuffle=True)
+    assert look_at_loaders(2) == Look(False, True, None)  # made, not yet iterated
+    shuffled = iter(loader)
+    look = look_at_loaders(2)
+    assert look.iterated and type(look.whole).__name__ == "RandomSampler" and look.whole.data_source is data
     sharded = iter(DataLoader(data, batch_size=4, sampler=DistributedSampler(data, num_replicas=2, rank=0)))
-    assert iterated_samplers(2) == (True, None)  # the training loader shards; the other is, say, validation's
+    assert look_at_loaders(2) == Look(True, True, None)  # the training loader shards; the other is, say, validation's
     del shuffled, sharded
     in_order = iter(DataLoader(data, batch_size=4))  # shuffle=False: every rank the same batches
-    assert type(iterated_samplers(2)[1]).__name__ == "SequentialSampler"
+    assert type(look_at_loaders(2).whole).__name__ == "SequentialSampler"
     del in_order
     train, _ = random_split(data, [36, 4])
     split = iter(DataLoader(train, shuffle=True))  # most of the base: read whole on every rank
-    assert iterated_samplers(2)[1] is not None
+    assert look_at_loaders(2).whole is not None
     del split
     for let_be in (Subset(data, range(0, 40, 2)), Stream()):  # a rank's half, cut by hand; a stream
         kept = iter(DataLoader(let_be, batch_size=4))
-        assert iterated_samplers(2) == (True, None), let_be
+        assert look_at_loaders(2) == Look(True, True, None), let_be
         del kept
     check = WholeDatasetCheck()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(LOOKS):
-            check(2)  # no loader yet: each look finds none
-        late = iter(DataLoader(data, shuffle=True))
+            check(2)  # a loader made, none iterated yet (a warm-up step before the loop)
+        late = iter(loader)
         check(2)  # it has given up by now, and costs nothing more
     with pytest.warns(UserWarning, match=r"RandomSampler reads the whole dataset \(40 samples\).* all 3 ranks .*"
                                          r"sampler=macfleet.DistributedSampler\(dataset\) in place of shuffle=True"):
         WholeDatasetCheck()(3)
-    del late
+    del late, loader
+    gc.collect()
+    check = WholeDatasetCheck()
+    check(2)
+    assert check.looks_left == 0  # no loader at all: one look is enough
 
 
 @given(st.integers(1, 300), st.lists(st.integers(1, 3), min_size=1, max_size=6),
