@@ -101,9 +101,8 @@ class Coordinator:
         self.devices: dict[int, str] = {}  # rank -> the device it trains on, from registrations
         self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
-        # k -> rank -> its k-th sampler's dataset (length, and which part of its base a Subset holds), till all came
-        self.datasets: dict[int, dict[int, tuple[int, str | None]]] = {}
-        self._datasets_said: set[tuple[Any, ...]] = set()  # the ranks' datasets warned of (a sampler made each epoch)
+        self.datasets: dict[int, dict[int, SamplerNote]] = {}  # k -> rank -> its k-th sampler's, till all came
+        self._datasets_said: set[tuple[SamplerNote, ...]] = set()  # the ranks' notes looked at already
         self.sources: dict[str, dict[str, str]] = {}  # host -> the script's modules its first rank imported: digests
         self.samples: dict[int, Sample] = {}  # rank -> its latest answer to a STACKS request (a stall, a silence)
         self._recheck: Recheck | None = None
@@ -416,41 +415,24 @@ class Coordinator:
             self.reports[rank] = dict(msg.get("data") or {})
 
     def _on_dataset(self, msg: dict[str, Any], peer: Peer) -> None:
-        """A rank's DistributedSampler and its dataset: once every rank's k-th has come, say if
-        the lengths differ (a Mac with an incomplete copy of the data), or if the datasets are
-        parts of their bases that differ (a ``random_split`` made with each rank's own seed).
-        Each rank shards a shuffle of its own dataset's indices, so the ranks' parts would
-        overlap and miss samples with nothing else to show for it. The job goes on: which copy
-        is right is the user's to say."""
-        sender, k, length, subset = str(msg.get("from")), msg.get("sampler"), msg.get("length"), msg.get("subset")
-        if not sender.startswith("rank-") or not isinstance(k, int) or not isinstance(length, int) \
-                or not isinstance(subset, (str, type(None))):
+        """A rank's DistributedSampler and its dataset (``SamplerNote``): once every rank's k-th
+        has come, say how they differ, if they do (``samplers_differ``). The job goes on: which
+        copy of the data is right is the user's to say."""
+        sender, k = str(msg.get("from")), msg.get("sampler")
+        if not sender.startswith("rank-") or not isinstance(k, int):
             raise wire.BadMessage("bad dataset note")
-        datasets = self.datasets.setdefault(k, {})
-        datasets[int(sender[5:])] = (length, subset)
-        if len(datasets) < self.world_size:
+        notes = self.datasets.setdefault(k, {})
+        notes[int(sender[5:])] = SamplerNote.of(msg)
+        if len(notes) < self.world_size:
             return
         del self.datasets[k]
-        said = tuple(datasets[rank] for rank in sorted(datasets))
-        if len(set(said)) == 1 or said in self._datasets_said:
+        said = tuple(notes[rank] for rank in sorted(notes))
+        if said in self._datasets_said:  # a sampler made anew each epoch: said once
             return
         self._datasets_said.add(said)
-        if len({n for n, _ in said}) == 1:
-            by_part = grouped(datasets)
-            found = ("each rank's holds other samples" if len(by_part) == len(said) else
-                     "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {spans(ranks)} hold{'' if len(ranks) > 1 else 's'} "
-                               f"{'one set' if i == 0 else 'another'}" for i, ranks in enumerate(by_part.values())))
-            self.log(f"warning: the ranks' datasets are different parts of their data (DistributedSampler {k} of "
-                     f"each rank's, in the order made: a Subset of {said[0][0]} samples on every rank, but {found}). "
-                     f"A random_split splits with the rank's own generator, which macfleet seeds with seed + rank, "
-                     f"so each rank trains on samples the others hold out: split with the same generator on every "
-                     f"rank, random_split(dataset, sizes, generator=torch.Generator().manual_seed(0))")
-            return
-        by_length = grouped({rank: n for rank, (n, _) in datasets.items()})
-        found = ", ".join(f"{n} on rank{'s' if len(ranks) > 1 else ''} {spans(ranks)}" for n, ranks in by_length.items())
-        self.log(f"warning: the ranks' datasets differ in length (DistributedSampler {k} of each rank's, in the "
-                 f"order made): {found}. Each rank takes its part of a shuffle of its own dataset's indices, "
-                 f"so the parts overlap and miss samples: every Mac must hold the same dataset")
+        warning = samplers_differ(k, notes)
+        if warning:
+            self.log(f"warning: {warning}")
 
     def _on_sources(self, msg: dict[str, Any], peer: Peer) -> None:
         """A host's first rank's digests of the script's modules (``macfleet.sources``): once
@@ -806,6 +788,65 @@ def _fewer_steps(op: str) -> str:
     return ("; in DataParallel that means fewer training steps: every rank must run as many batches as the others "
             "(macfleet.DistributedSampler gives every rank the same number), or train inside `with model.join():`, "
             "where a rank out of batches takes part in the others' steps")
+
+
+@dataclass(frozen=True)
+class SamplerNote:
+    """What a rank's DistributedSampler of the job says of itself (``runtime.note_dataset``):
+    its dataset's length, which samples of its base a ``Subset`` holds (a digest; None for
+    another dataset), and the options that make its order."""
+
+    length: int
+    subset: str | None
+    order: tuple[tuple[str, str], ...]  # seed, shuffle, drop_last and shares, each by its name, as text
+
+    @staticmethod
+    def of(msg: dict[str, Any]) -> SamplerNote:
+        length, subset, order = msg.get("length"), msg.get("subset"), msg.get("order", {})
+        if not isinstance(length, int) or not isinstance(subset, (str, type(None))) or not isinstance(order, dict):
+            raise wire.BadMessage("bad dataset note")
+        return SamplerNote(length, subset, tuple((str(name), str(value)) for name, value in sorted(order.items())))
+
+
+def samplers_differ(k: int, notes: dict[int, SamplerNote]) -> str | None:
+    """How the ranks' k-th DistributedSamplers differ, or None. Each rank takes its part of a
+    shuffle of its own dataset's indices, made by its own sampler's options, so a dataset of
+    another length (an incomplete copy on one Mac), a ``Subset`` of other samples (a
+    ``random_split`` with each rank's own seed) or other options (a seed drawn from each rank's
+    generators) make parts that overlap and miss samples, with nothing else to show for it."""
+    which = f"DistributedSampler {k} of each rank's, in the order made"
+    lengths = grouped({rank: note.length for rank, note in notes.items()})
+    if len(lengths) > 1:
+        found = ", ".join(f"{n} on {ranks_text(ranks)}" for n, ranks in lengths.items())
+        return (f"the ranks' datasets differ in length ({which}): {found}. Each rank takes its part of a shuffle of "
+                f"its own dataset's indices, so the parts overlap and miss samples: every Mac must hold the same "
+                f"dataset")
+    parts = grouped({rank: note.subset for rank, note in notes.items()})
+    if len(parts) > 1:
+        found = ("each rank's holds other samples" if len(parts) == len(notes) else
+                 "; ".join(f"{ranks_text(ranks)} hold{'' if len(ranks) > 1 else 's'} {'another' if i else 'one set'}"
+                           for i, ranks in enumerate(parts.values())))
+        return (f"the ranks' datasets are different parts of their data ({which}: a Subset of "
+                f"{lengths.popitem()[0]} samples on every rank, but {found}). A random_split splits with the rank's "
+                f"own generator, which macfleet seeds with seed + rank, so each rank trains on samples the others "
+                f"hold out: split with the same generator on every rank, random_split(dataset, sizes, "
+                f"generator=torch.Generator().manual_seed(0))")
+    options = []
+    for name, _ in next(iter(notes.values())).order:
+        values = grouped({rank: dict(note.order).get(name) for rank, note in notes.items()})
+        if len(values) > 1:
+            options.append(f"{name} " + ", ".join(f"{value} on {ranks_text(ranks)}" for value, ranks in values.items()))
+    if not options:
+        return None
+    return (f"the ranks' DistributedSamplers are made with different options ({which}): {'; '.join(options)}. "
+            f"Each rank takes its part of its own sampler's order, so the parts overlap and miss samples: give "
+            f"every rank's the same (macfleet seeds rank r's generators with seed + r, so a seed drawn from them "
+            f"differs from rank to rank)")
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """'rank 2', 'ranks 0-1'."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {spans(ranks)}"
 
 
 def grouped(values: dict[int, V]) -> dict[V, list[int]]:

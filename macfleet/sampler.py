@@ -36,8 +36,9 @@ class DistributedSampler(Sampler[int]):
     Every rank must shard the same dataset: each takes its part of a shuffle of its own
     dataset's indices, so datasets of different lengths (an incomplete copy on one Mac) make
     parts that overlap and miss samples. A sampler of the job's ranks (``num_replicas`` and
-    ``rank`` not given) tells the launcher its dataset's length, and the launcher warns when the
-    ranks' differ. An epoch's order taken twice without ``set_epoch`` in between (a loop that
+    ``rank`` not given) tells the launcher its dataset's length, which samples of its base a
+    ``Subset`` holds (a ``random_split``'s part) and its options, and the launcher warns when
+    the ranks' differ. An epoch's order taken twice without ``set_epoch`` in between (a loop that
     never calls it, so every epoch is shuffled alike) is warned of, once, by rank 0's sampler.
     """
 
@@ -63,10 +64,12 @@ class DistributedSampler(Sampler[int]):
         self.parts = sum(shares)  # the indices of every round of the permutation
         self.mine = range(sum(shares[:rank]), sum(shares[:rank + 1]))  # this rank's places in a round
         self.length = dataset if isinstance(dataset, int) else len(dataset)
-        if from_job and num_replicas > 1:
-            runtime.note_dataset(next(_made), self.length, None if isinstance(dataset, int) else subset_digest(dataset))
         self.num_replicas, self.rank = num_replicas, rank
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        if from_job and num_replicas > 1:
+            order = {"seed": str(operator.index(seed)) if hasattr(seed, "__index__") else str(seed),
+                     "shuffle": str(bool(shuffle)), "drop_last": str(bool(drop_last)), "shares": str(shares)}
+            runtime.note_dataset(next(_made), self.length, subset_digest(dataset), order)
         self.epoch = 0
         self.start = 0  # samples of this epoch's shard already consumed (for resume)
         self._resume: tuple[int, int] | None = None  # (epoch, start) from load_state_dict, for set_epoch

@@ -264,7 +264,7 @@ def test_ranks_whose_datasets_differ_in_length_are_told_which() -> None:
     shards add up to 14 + 14 + 13). The fifth and sixth have 30 samples on every rank, the
     training part of a random_split: the fifth's split with each rank's own seed holds other
     samples on each rank, which used to pass unseen, and is named; the sixth's is the same; the
-    seventh's is one on ranks 0 and 1, another on rank 2."""
+    seventh's is one on ranks 0 and 1, another on rank 2. The eighth's seed is each rank's own."""
     job = run_launch("--nproc", "3", str(BIN / "datasets.py"), "2", timeout=60)
     assert job.code == 0 and "rank 0: 41 samples in the shards" in job.stdout, job.output
     told = re.findall(r"warning: the ranks' datasets differ in length \(DistributedSampler (\d+) of each rank's, "
@@ -277,6 +277,9 @@ def test_ranks_whose_datasets_differ_in_length_are_told_which() -> None:
                       r".*?generator=torch.Generator\(\).manual_seed\(0\)\)", job.stderr)
     assert told == [("4", "30", "each rank's holds other samples"),
                     ("6", "30", "ranks 0-1 hold one set; rank 2 holds another")], job.stderr
+    told = re.findall(r"warning: the ranks' DistributedSamplers are made with different options \(DistributedSampler "
+                      r"(\d+) of each rank's, in the order made\): (.*?)\. ", job.stderr)
+    assert told == [("7", "seed 0 on rank 0, 1 on rank 1, 2 on rank 2")], job.stderr
 
 
 def test_bench_allreduce_prints_both_libraries_side_by_side(tmp_path) -> None:
