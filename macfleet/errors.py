@@ -42,18 +42,3 @@ class UnevenInputs(MacfleetError):
     """Inside ``DataParallel.join(throw_on_early_termination=True)``, a rank ran out of
     batches: raised on every rank at the same step, so that all leave their loops together."""
 
-
-def warn_at_script(message: str) -> None:
-    """``warnings.warn(message)``, shown at the line of the script that led to it (the first
-    caller outside macfleet and torch) rather than at macfleet's own: a sampler is iterated
-    from inside torch's DataLoader, a DataParallel's forward from inside ``nn.Module``."""
-    import os
-    import sys
-    import warnings
-
-    packages = (sys.modules.get("macfleet"), sys.modules.get("torch"))
-    inside = tuple(os.path.dirname(p.__file__) + os.sep for p in packages if p is not None and p.__file__)
-    frame, level = sys._getframe(1), 2
-    while frame is not None and frame.f_code.co_filename.startswith(inside):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, stacklevel=level)

@@ -14,7 +14,9 @@ import linecache
 import os
 import sys
 import threading
+import warnings
 from collections import deque
+from types import FrameType
 
 import torch
 
@@ -29,13 +31,28 @@ _PLUMBING = frozenset(os.path.abspath(m.__file__ or "") for m in (threading, con
 
 def call_site() -> tuple[str, int]:
     """The file and line that called into macfleet: about 1 us for a forward's dozen frames."""
-    frame = sys._getframe(1)
+    frame, _ = _caller(sys._getframe(1))
+    return ("", 0) if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+
+
+def warn_at_script(message: str) -> None:
+    """``warnings.warn(message)``, shown at the line that called into macfleet (``call_site``)
+    rather than at macfleet's own: a sampler is iterated from inside torch's DataLoader, a
+    DataParallel's forward from inside ``nn.Module``."""
+    _, level = _caller(sys._getframe(1))
+    warnings.warn(message, stacklevel=level + 2)
+
+
+def _caller(frame: FrameType | None) -> tuple[FrameType | None, int]:
+    """The first frame from ``frame`` outward that is neither macfleet's, torch's nor plumbing,
+    and how many frames out from ``frame`` it is."""
+    out = 0
     while frame is not None:
         path = frame.f_code.co_filename
         if not path.startswith(_PACKAGES) and path not in _PLUMBING:
-            return path, frame.f_lineno
-        frame = frame.f_back  # type: ignore[assignment]
-    return "", 0
+            break
+        frame, out = frame.f_back, out + 1
+    return frame, out
 
 
 def where(path: str, line: int) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, Subset
 from torch.utils.data import dataloader as _dataloader
 
-from macfleet.errors import warn_at_script
+from macfleet.history import warn_at_script
 
 # Training forwards to look at before giving up: a script may run one before its loop (a
 # warm-up on a dummy batch, torch.compile's first call), when no loader is being iterated yet.

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence, Sized
 import torch
 from torch.utils.data import Sampler, Subset
 
-from macfleet.errors import warn_at_script
+from macfleet.history import warn_at_script
 
 _made = itertools.count(1)  # this process's samplers of the job, in the order made: the same on every rank
 
