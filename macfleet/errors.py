@@ -41,4 +41,3 @@ class ProtocolError(MacfleetError):
 class UnevenInputs(MacfleetError):
     """Inside ``DataParallel.join(throw_on_early_termination=True)``, a rank ran out of
     batches: raised on every rank at the same step, so that all leave their loops together."""
-
