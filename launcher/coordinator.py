@@ -101,7 +101,8 @@ class Coordinator:
         self.devices: dict[int, str] = {}  # rank -> the device it trains on, from registrations
         self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
-        self.datasets: dict[int, dict[int, SamplerNote]] = {}  # k -> rank -> its k-th sampler's, till all came
+        # (line, number there) -> rank -> its sampler's, till every rank's has come
+        self.datasets: dict[tuple[str, int], dict[int, SamplerNote]] = {}
         self._datasets_said: set[tuple[SamplerNote, ...]] = set()  # the ranks' notes looked at already
         self.sources: dict[str, dict[str, str]] = {}  # host -> the script's modules its first rank imported: digests
         self.samples: dict[int, Sample] = {}  # rank -> its latest answer to a STACKS request (a stall, a silence)
@@ -415,12 +416,14 @@ class Coordinator:
             self.reports[rank] = dict(msg.get("data") or {})
 
     def _on_dataset(self, msg: dict[str, Any], peer: Peer) -> None:
-        """A rank's DistributedSampler and its dataset (``SamplerNote``): once every rank's k-th
-        has come, say how they differ, if they do (``samplers_differ``). The job goes on: which
-        copy of the data is right is the user's to say."""
-        sender, k = str(msg.get("from")), msg.get("sampler")
-        if not sender.startswith("rank-") or not isinstance(k, int):
+        """A rank's DistributedSampler and its dataset (``SamplerNote``): once every rank's made
+        at that line (and as many times) has come, say how they differ, if they do
+        (``samplers_differ``). The job goes on: which copy of the data is right is the user's
+        to say."""
+        sender, site, made = str(msg.get("from")), msg.get("site"), msg.get("made")
+        if not sender.startswith("rank-") or not isinstance(site, str) or not isinstance(made, int):
             raise wire.BadMessage("bad dataset note")
+        k = (site, made)
         notes = self.datasets.setdefault(k, {})
         notes[int(sender[5:])] = SamplerNote.of(msg)
         if len(notes) < self.world_size:
@@ -808,13 +811,15 @@ class SamplerNote:
         return SamplerNote(length, subset, tuple((str(name), str(value)) for name, value in sorted(order.items())))
 
 
-def samplers_differ(k: int, notes: dict[int, SamplerNote]) -> str | None:
-    """How the ranks' k-th DistributedSamplers differ, or None. Each rank takes its part of a
+def samplers_differ(k: tuple[str, int], notes: dict[int, SamplerNote]) -> str | None:
+    """How the ranks' DistributedSamplers made at ``k`` (a line, and their number there) differ,
+    or None. Each rank takes its part of a
     shuffle of its own dataset's indices, made by its own sampler's options, so a dataset of
     another length (an incomplete copy on one Mac), a ``Subset`` of other samples (a
     ``random_split`` with each rank's own seed) or other options (a seed drawn from each rank's
     generators) make parts that overlap and miss samples, with nothing else to show for it."""
-    which = f"DistributedSampler {k} of each rank's, in the order made"
+    site, made = k
+    which = f"the DistributedSamplers made at {site}" + (f", the {ordinal(made)} made there" if made > 1 else "")
     lengths = grouped({rank: note.length for rank, note in notes.items()})
     if len(lengths) > 1:
         found = ", ".join(f"{n} on {ranks_text(ranks)}" for n, ranks in lengths.items())
@@ -842,6 +847,12 @@ def samplers_differ(k: int, notes: dict[int, SamplerNote]) -> str | None:
             f"Each rank takes its part of its own sampler's order, so the parts overlap and miss samples: give "
             f"every rank's the same (macfleet seeds rank r's generators with seed + r, so a seed drawn from them "
             f"differs from rank to rank)")
+
+
+def ordinal(n: int) -> str:
+    """2 -> '2nd', 11 -> '11th'."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def ranks_text(ranks: list[int]) -> str:

@@ -569,15 +569,15 @@ def report(data: dict[str, Any]) -> None:
         rt.control.outbox.put((protocol.REPORT, {"rank": rt.rank, "data": data}))
 
 
-def note_dataset(sampler: int, length: int, subset: str | None, order: dict[str, str]) -> None:
-    """Tell the launcher what this rank's ``sampler``-th DistributedSampler shards: its
-    dataset's length, which samples of its base it holds where it is a ``Subset``
-    (``sampler.subset_digest``), and the options that make its order. The ranks' must agree, and
-    the launcher says so when they do not; through the launcher, not a collective, which would
-    hang a script that makes a sampler on one rank alone."""
+def note_dataset(site: str, made: int, length: int, subset: str | None, order: dict[str, str]) -> None:
+    """Tell the launcher what this rank's DistributedSampler (the ``made``-th made at ``site``,
+    a line of the script) shards: its dataset's length, which samples of its base it holds where
+    it is a ``Subset`` (``sampler.subset_digest``), and the options that make its order. The
+    ranks' must agree, and the launcher says so when they do not; through the launcher, not a
+    collective, which would hang a script that makes a sampler on one rank alone."""
     rt = runtime()
     if rt.control is not None:
-        rt.control.outbox.put((protocol.DATASET, {"sampler": sampler, "length": length, "subset": subset,
+        rt.control.outbox.put((protocol.DATASET, {"site": site, "made": made, "length": length, "subset": subset,
                                                   "order": order}))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import array
 import hashlib
-import itertools
+import collections
 import math
 import operator
 from typing import Any, Iterator, Sequence, Sized
@@ -12,9 +12,11 @@ from typing import Any, Iterator, Sequence, Sized
 import torch
 from torch.utils.data import Sampler, Subset
 
-from macfleet.history import warn_at_script
+from macfleet.history import call_site, warn_at_script, where
 
-_made = itertools.count(1)  # this process's samplers of the job, in the order made: the same on every rank
+# this process's samplers of the job made at each line: a sampler is known across ranks by its
+# line and its number there (a script may make one on some ranks only, or one anew each epoch)
+_made_at: collections.Counter[str] = collections.Counter()
 
 
 class DistributedSampler(Sampler[int]):
@@ -69,7 +71,9 @@ class DistributedSampler(Sampler[int]):
         if from_job and num_replicas > 1:
             order = {"seed": str(operator.index(seed)) if hasattr(seed, "__index__") else str(seed),
                      "shuffle": str(bool(shuffle)), "drop_last": str(bool(drop_last)), "shares": str(shares)}
-            runtime.note_dataset(next(_made), self.length, subset_digest(dataset), order)
+            site = where(*call_site())
+            _made_at[site] += 1
+            runtime.note_dataset(site, _made_at[site], self.length, subset_digest(dataset), order)
         self.epoch = 0
         self.start = 0  # samples of this epoch's shard already consumed (for resume)
         self._resume: tuple[int, int] | None = None  # (epoch, start) from load_state_dict, for set_epoch

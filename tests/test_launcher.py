@@ -255,31 +255,41 @@ def test_the_environment_contract_and_per_rank_seeds() -> None:
     assert seen[0]["python_random"] != seen[1]["python_random"]
 
 
-def test_ranks_whose_datasets_differ_in_length_are_told_which() -> None:
-    """An incomplete copy of the data on one Mac: each rank shards a shuffle of its own
-    dataset's indices, so the ranks' parts overlap and miss samples, and nothing else shows it.
-    Rank 2's first sampler has one sample fewer; the second is the same everywhere, and each
-    rank's third is its own (``num_replicas=1``), and the fourth is the first again (made anew
-    each epoch): the launcher names the first alone, once, and the job goes on (the ranks'
-    shards add up to 14 + 14 + 13). The fifth and sixth have 30 samples on every rank, the
-    training part of a random_split: the fifth's split with each rank's own seed holds other
-    samples on each rank, which used to pass unseen, and is named; the sixth's is the same; the
-    seventh's is one on ranks 0 and 1, another on rank 2. The eighth's seed is each rank's own."""
-    job = run_launch("--nproc", "3", str(BIN / "datasets.py"), "2", timeout=60)
+def test_ranks_whose_datasets_or_samplers_differ_are_told_which() -> None:
+    """Each rank shards a shuffle of its own dataset's indices, made by its own sampler's options,
+    so ranks whose datasets or options differ take parts that overlap and miss samples, and
+    nothing else shows it. The launcher names each line of the script whose samplers differ
+    (``datasets.py`` says what each makes), once, and the job goes on (the ranks' shards of the
+    first add up to 14 + 14 + 13):
+    - an incomplete copy of the data on one Mac: the first sampler's, rank 2's one sample short
+      (rank 0's sampler made before it for itself alone is not the first's counterpart; nor is
+      each rank's own ``num_replicas=1`` sampler, nor the first made again);
+    - two samplers made at one line, each short on rank 0, each named by its number there;
+    - the training part of a random_split with each rank's own seed, which holds other samples
+      on every rank, and one with a seed for ranks 0-1 and another for rank 2 (the split with one
+      seed everywhere is let be);
+    - a seed drawn from each rank's own generator."""
+    script = BIN / "datasets.py"
+    job = run_launch("--nproc", "3", str(script), "2", timeout=60)
     assert job.code == 0 and "rank 0: 41 samples in the shards" in job.stdout, job.output
-    told = re.findall(r"warning: the ranks' datasets differ in length \(DistributedSampler (\d+) of each rank's, "
-                      r"in the order made\): (.*?)\. ", job.stderr)
-    assert told == [("1", "40 on ranks 0-1, 39 on rank 2")], job.stderr
-    # the fifth (the job's fourth: the third is no sampler of the job's): a random_split made with
-    # each rank's own seed; the sixth, with one seed, is let be; the seventh, with two, is named
-    told = re.findall(r"warning: the ranks' datasets are different parts of their data \(DistributedSampler (\d+) of "
-                      r"each rank's, in the order made: a Subset of (\d+) samples on every rank, but (.*?)\)\. "
+
+    def at(name: str) -> str:
+        number = next(n for n, line in enumerate(script.read_text().splitlines(), 1) if f"{name} = " in line)
+        return f"{os.path.relpath(script)}:{number}"
+
+    told = re.findall(r"warning: the ranks' datasets differ in length \(the DistributedSamplers made at (.*?)\): "
+                      r"(.*?)\. ", job.stderr)
+    assert told == [(at("first"), "40 on ranks 0-1, 39 on rank 2"),
+                    (at("shrinking"), "29 on rank 0, 30 on ranks 1-2"),
+                    (f"{at('shrinking')}, the 2nd made there", "19 on rank 0, 20 on ranks 1-2")], job.stderr
+    told = re.findall(r"warning: the ranks' datasets are different parts of their data \(the DistributedSamplers made "
+                      r"at (.*?): a Subset of (\d+) samples on every rank, but (.*?)\)\. "
                       r".*?generator=torch.Generator\(\).manual_seed\(0\)\)", job.stderr)
-    assert told == [("4", "30", "each rank's holds other samples"),
-                    ("6", "30", "ranks 0-1 hold one set; rank 2 holds another")], job.stderr
-    told = re.findall(r"warning: the ranks' DistributedSamplers are made with different options \(DistributedSampler "
-                      r"(\d+) of each rank's, in the order made\): (.*?)\. ", job.stderr)
-    assert told == [("7", "seed 0 on rank 0, 1 on rank 1, 2 on rank 2")], job.stderr
+    assert told == [(at("own_split"), "30", "each rank's holds other samples"),
+                    (at("two_splits"), "30", "ranks 0-1 hold one set; rank 2 holds another")], job.stderr
+    told = re.findall(r"warning: the ranks' DistributedSamplers are made with different options \(the "
+                      r"DistributedSamplers made at (.*?)\): (.*?)\. ", job.stderr)
+    assert told == [(at("own_seed"), "seed 0 on rank 0, 1 on rank 1, 2 on rank 2")], job.stderr
 
 
 def test_bench_allreduce_prints_both_libraries_side_by_side(tmp_path) -> None:
