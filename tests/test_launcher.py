@@ -274,8 +274,11 @@ def test_ranks_whose_datasets_or_samplers_differ_are_told_which() -> None:
     assert job.code == 0 and "rank 0: 41 samples in the shards" in job.stdout, job.output
 
     def at(name: str) -> str:
+        """The line that makes it, as reports name a line: relative to the working directory
+        where the file is under it (the ranks' is the launcher's), else in full."""
         number = next(n for n, line in enumerate(script.read_text().splitlines(), 1) if f"{name} = " in line)
-        return f"{os.path.relpath(script)}:{number}"
+        relative = os.path.relpath(script)
+        return f"{script if relative.startswith('..') else relative}:{number}"
 
     told = re.findall(r"warning: the ranks' datasets differ in length \(the DistributedSamplers made at (.*?)\): "
                       r"(.*?)\. ", job.stderr)
