@@ -812,12 +812,12 @@ class SamplerNote:
 
 
 def samplers_differ(k: tuple[str, int], notes: dict[int, SamplerNote]) -> str | None:
-    """How the ranks' DistributedSamplers made at ``k`` (a line, and their number there) differ,
-    or None. Each rank takes its part of a
-    shuffle of its own dataset's indices, made by its own sampler's options, so a dataset of
-    another length (an incomplete copy on one Mac), a ``Subset`` of other samples (a
-    ``random_split`` with each rank's own seed) or other options (a seed drawn from each rank's
-    generators) make parts that overlap and miss samples, with nothing else to show for it."""
+    """How the ranks' DistributedSamplers made at ``k`` (a line, and their number there)
+    differ, or None. Each rank takes its part of a shuffle of its own dataset's indices, made by
+    its own sampler's options, so a dataset of another length (an incomplete copy on one Mac), a
+    ``Subset`` of other samples (a ``random_split`` with each rank's own seed) or other options
+    (a seed drawn from each rank's generators) make parts that overlap and miss samples, with
+    nothing else to show for it."""
     site, made = k
     which = f"the DistributedSamplers made at {site}" + (f", the {ordinal(made)} made there" if made > 1 else "")
     lengths = grouped({rank: note.length for rank, note in notes.items()})
