@@ -104,7 +104,9 @@ class Coordinator:
         # (line, number there) -> rank -> its sampler's, till every rank's has come
         self.datasets: dict[tuple[str, int], dict[int, SamplerNote]] = {}
         self._datasets_said: set[tuple[SamplerNote, ...]] = set()  # the ranks' notes looked at already
-        self.sources: dict[str, dict[str, str]] = {}  # host -> the script's modules its first rank imported: digests
+        # round (1: at init, 2: since, at the first training step) -> host -> its first rank's
+        # digests of the script's modules imported
+        self.sources: dict[int, dict[str, dict[str, str]]] = {}
         self.samples: dict[int, Sample] = {}  # rank -> its latest answer to a STACKS request (a stall, a silence)
         self._recheck: Recheck | None = None
         self._abort_after = 0.0  # how long the waits of a stall may last before it is aborted (0: twice the timeout)
@@ -438,19 +440,24 @@ class Coordinator:
             self.log(f"warning: {warning}")
 
     def _on_sources(self, msg: dict[str, Any], peer: Peer) -> None:
-        """A host's first rank's digests of the script's modules (``macfleet.sources``): once
-        every host's have come, name the modules whose copies differ between hosts."""
-        sender, files = str(msg.get("from")), msg.get("files")
-        if not sender.startswith("rank-") or not isinstance(files, dict):
+        """A host's first rank's digests of the script's modules (``macfleet.sources``), those
+        imported by init (round 1) or since, by the first training step (round 2): once every
+        host's of a round have come, name the modules whose copies differ between hosts. In
+        round 2 a module that some host has not imported is no difference: a script may import
+        one on rank 0 alone (its logging), and one missing where it is imported fails there."""
+        sender, files, round_ = str(msg.get("from")), msg.get("files"), msg.get("round", 1)
+        if not sender.startswith("rank-") or not isinstance(files, dict) or round_ not in (1, 2):
             raise wire.BadMessage("bad sources")
-        self.sources[self.hosts.get(int(sender[5:]), sender)] = {str(k): str(v) for k, v in files.items()}
-        if len(self.sources) != self.num_agents:
+        reports = self.sources.setdefault(round_, {})
+        reports[self.hosts.get(int(sender[5:]), sender)] = {str(k): str(v) for k, v in files.items()}
+        if len(reports) != self.num_agents:
             return
-        odd = odd_copies(self.sources)
+        odd = odd_copies(reports, imported_by_all=round_ == 2)
         if odd:
             named = "; ".join(f"{name} on {', '.join(hosts)}" for name, hosts in odd[:10])
-            self.log(f"warning: modules of the script are not the same on every host (edits not copied to every "
-                     f"Mac?), and each host runs its own: {named}{' ...' if len(odd) > 10 else ''}")
+            which = "modules of the script" if round_ == 1 else "modules that the script imported after macfleet.init()"
+            self.log(f"warning: {which} are not the same on every host (edits not copied to every Mac?), and each "
+                     f"host runs its own: {named}{' ...' if len(odd) > 10 else ''}")
 
     def ring_table(self) -> str:
         links = {rank: hello.get("link") or "?" for hello in self.hellos.values()
@@ -892,10 +899,10 @@ def odd_ones(values: dict[K, V]) -> list[K]:
     return [key for group in (ranked[1:] if leads else ranked) for key in group]
 
 
-def odd_copies(copies: dict[str, dict[str, str]]) -> list[tuple[str, list[str]]]:
+def odd_copies(copies: dict[str, dict[str, str]], imported_by_all: bool = False) -> list[tuple[str, list[str]]]:
     """``copies``: each host's digest of each file. The files whose copies differ, each with the
     hosts whose copy is odd (``odd_ones``; a host that has no such file counts as a copy of its
-    own)."""
-    odd = [(name, odd_ones({host: files.get(name) for host, files in copies.items()}))
-           for name in sorted(set().union(*copies.values()))]
+    own, unless ``imported_by_all``: then only the files every host has are compared)."""
+    names = set.intersection(*map(set, copies.values())) if imported_by_all else set().union(*copies.values())
+    odd = [(name, odd_ones({host: files.get(name) for host, files in copies.items()})) for name in sorted(names)]
     return [(name, hosts) for name, hosts in odd if hosts]

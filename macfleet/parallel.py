@@ -327,6 +327,7 @@ class DataParallel(nn.Module):
                 self._broadcast_buffers(source)
         if self.runtime.rank == 0 and self.runtime.world_size > 1:
             loaders.CHECK(self.runtime.world_size)  # a DataLoader that every rank reads whole
+        rt.note_sources_again()  # the script's modules imported after init (its model's, by now)
 
     def _broadcast_buffers(self, source: int) -> None:
         """Rank ``source``'s buffers on every rank, written past autograd's version counters, as

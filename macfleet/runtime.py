@@ -61,6 +61,9 @@ class Runtime:
     # control thread still hears an abort; and heartbeats never queue behind a ring's I/O thread.
     data_ctx: zmq.Context | None = None
     pid: int = field(default_factory=os.getpid)  # a forked child inherits the runtime, not its ownership
+    # the script's modules this host's first rank reported at init, in a job of several hosts,
+    # until it reports those imported since (``note_sources_again``); None on the other ranks
+    sources_sent: set[str] | None = None
 
     @property
     def rank(self) -> int:
@@ -182,8 +185,22 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     _runtime = Runtime(env, dev, collectives, control, ctx, data_ctx)
     atexit.register(shutdown)
     if multi_host and env.local_rank == 0:  # each Mac runs its own copy of the script's modules
-        control.outbox.put((protocol.SOURCES, {"files": sources.imported_here()}))
+        files = sources.imported_here()
+        control.outbox.put((protocol.SOURCES, {"files": files, "round": 1}))
+        _runtime.sources_sent = set(files)
     return _runtime
+
+
+def note_sources_again() -> None:
+    """At the first training step, once: the host's first rank reports the script's modules it
+    has imported since ``init`` (a script that calls ``macfleet.init()`` first, then imports its
+    model), for the launcher to compare as it compared those of ``init``."""
+    rt = _runtime
+    if rt is None or rt.sources_sent is None or rt.control is None:
+        return
+    since = {name: digest for name, digest in sources.imported_here().items() if name not in rt.sources_sent}
+    rt.sources_sent = None
+    rt.control.outbox.put((protocol.SOURCES, {"files": since, "round": 2}))
 
 
 def _refuse_subprocess_of_a_rank() -> None:

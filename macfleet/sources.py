@@ -5,7 +5,8 @@ Without a disk the Macs share, each runs its own copy of the script and of the m
 ranks run other code with nothing to show for it. The agents compare the script itself before
 any rank starts (``workers.agent.script_digest``); at ``macfleet.init()`` each host's first rank
 sends the SHA-256 of every module the script has imported from its own folder so far (its own
-code, not installed packages), and the launcher names those that differ between hosts.
+code, not installed packages), and at its first training step those imported since
+(``runtime.note_sources_again``); the launcher names those that differ between hosts.
 """
 
 from __future__ import annotations

@@ -327,6 +327,33 @@ def test_a_module_of_the_script_that_differs_on_one_host_is_named(sshd, tmp_path
     assert "is not the same on every host (an edit" not in job.stderr, job.stderr  # not the agents' warning
 
 
+def test_a_module_imported_after_init_that_differs_on_one_host_is_named(sshd, tmp_path) -> None:
+    """A script that calls macfleet.init() first and imports its model after it: the modules it
+    had imported by init were all that was compared, so an older model.py on one Mac went
+    unseen. Each host's first rank now reports at its first training step those imported since,
+    and the launcher names the odd copy; a module that rank 0 alone imports (its logging's) is no
+    difference, though only its host has it imported."""
+    (tmp_path / "code").mkdir()
+    script, model = tmp_path / "code" / "train.py", tmp_path / "code" / "model.py"
+    script.write_text("import torch\nimport macfleet\nmacfleet.init()\nimport model\n"
+                      "if macfleet.rank() == 0:\n    import logs\n"
+                      "net = macfleet.DataParallel(torch.nn.Linear(2, 1))\nnet(torch.ones(1, 2)).sum().backward()\n"
+                      "print(model.VERSION, 'model', flush=True)\nmacfleet.shutdown()\n")
+    model.write_text("VERSION = 'new'\n")
+    (tmp_path / "code" / "logs.py").write_text("")
+    (tmp_path / "old.py").write_text("VERSION = 'older'\n")
+    python = python_with_other_disk(tmp_path, "127.0.0.3", f"--bind {tmp_path / 'old.py'} {model}")
+    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1,127.0.0.1:1", *sshd.launch_options(), "--python", str(python),
+                     str(script), timeout=60)
+    assert job.code == 0, job.output
+    assert sorted(re.findall(r"\[rank (\d) \S+\] (\w+) model", job.stdout)) == \
+        [("0", "new"), ("1", "older"), ("2", "new")], job.stdout
+    told = [line for line in job.stderr.splitlines() if "are not the same on every host" in line]
+    assert told == ["macfleet: warning: modules that the script imported after macfleet.init() are not the same on "
+                    "every host (edits not copied to every Mac?), and each host runs its own: model.py on 127.0.0.3"], \
+        job.stderr
+
+
 def test_a_script_missing_on_a_host_is_named_before_any_rank_starts(sshd, tmp_path) -> None:
     """Where a Mac lacks the script, each of its ranks failed with Python's "can't open file"."""
     script, _ = two_versions(tmp_path)

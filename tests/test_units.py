@@ -698,6 +698,9 @@ def test_the_odd_copies_of_a_script_s_modules_are_those_most_hosts_do_not_have()
     assert odd_copies({"studio": new, "mini": old, "air": new}) == [("model.py", ["mini"])]
     assert odd_copies({"studio": new, "mini": old}) == [("model.py", ["studio", "mini"])]  # two: neither leads
     assert odd_copies({"studio": new, "mini": new, "air": same}) == [("data.py", ["air"])]  # one it never imported
+    # imported after init: a module that one host has not imported (rank 0's alone) is no difference
+    assert odd_copies({"studio": new, "mini": new, "air": same}, imported_by_all=True) == []
+    assert odd_copies({"studio": new, "mini": old, "air": same}, imported_by_all=True) == [("model.py", ["mini"])]
 
 
 def test_ranks_that_stood_by_inside_join_are_listed_but_not_named_as_setting_the_pace() -> None:
