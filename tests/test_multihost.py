@@ -283,18 +283,27 @@ def two_versions(tmp_path: Path) -> tuple[Path, Path]:
     return script, old
 
 
+def one_host_apart(sshd, tmp_path: Path, mount: str, *run: str, what: str) -> tuple[Job, str]:
+    """``run`` on three hosts of a rank each, where 127.0.0.3 (rank 1) has ``mount`` on a disk of
+    its own. The job must pass, and each rank print which ``what`` it ran: "new" on the others;
+    rank 1's is returned with the job."""
+    python = python_with_other_disk(tmp_path, "127.0.0.3", mount)
+    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1,127.0.0.1:1", *sshd.launch_options(), "--python", str(python),
+                     *run, timeout=60)
+    assert job.code == 0, job.output
+    ran = dict(re.findall(rf"\[rank (\d) \S+\] (\w+) {what}", job.stdout))
+    assert sorted(ran) == ["0", "1", "2"] and ran["0"] == ran["2"] == "new", job.stdout
+    return job, ran["1"]
+
+
 def test_a_script_that_differs_on_one_host_is_named_and_each_host_runs_its_own(sshd, tmp_path) -> None:
     """With no disk the Macs share, each runs its own copy of the script, and an edit not
     copied to one of them makes its ranks run other code, with nothing to show for it. On
     127.0.0.3 an older copy is at the script's path: the launcher names that host, by the
     digest of its copy, and the job runs as written."""
     script, old = two_versions(tmp_path)
-    python = python_with_other_disk(tmp_path, "127.0.0.3", f"--bind {old} {script}")
-    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1,127.0.0.1:1", *sshd.launch_options(), "--python", str(python),
-                     str(script), timeout=60)
-    assert job.code == 0, job.output
-    assert sorted(re.findall(r"\[rank (\d) \S+\] (\w+) version", job.stdout)) == \
-        [("0", "new"), ("1", "old"), ("2", "new")], job.stdout
+    job, ran = one_host_apart(sshd, tmp_path, f"--bind {old} {script}", str(script), what="version")
+    assert ran == "old"
     table = job.stderr[job.stderr.index(f"warning: {script} is not the same on every host"):]
     marked = [line.split()[0] for line in table.splitlines() if line.endswith("<-")]
     assert marked == ["127.0.0.3"], table
@@ -315,13 +324,9 @@ def test_a_module_of_the_script_that_differs_on_one_host_is_named(sshd, tmp_path
     odd, old = (model, "VERSION = 'older'\n") if how == "script" else \
         (script, "import macfleet\nimport model\nmacfleet.init()\nprint('older model', flush=True)\nmacfleet.shutdown()\n")
     (tmp_path / "old.py").write_text(old)  # another size: a bytecode cache that another host wrote is not taken for it
-    python = python_with_other_disk(tmp_path, "127.0.0.3", f"--bind {tmp_path / 'old.py'} {odd}")
     run = [str(script)] if how == "script" else ["--cwd", str(script.parent), "-m", "train"]
-    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1,127.0.0.1:1", *sshd.launch_options(), "--python", str(python),
-                     *run, timeout=60)
-    assert job.code == 0, job.output
-    assert sorted(re.findall(r"\[rank (\d) \S+\] (\w+) model", job.stdout)) == \
-        [("0", "new"), ("1", "older"), ("2", "new")], job.stdout
+    job, ran = one_host_apart(sshd, tmp_path, f"--bind {tmp_path / 'old.py'} {odd}", *run, what="model")
+    assert ran == "older"
     assert "warning: modules of the script are not the same on every host (edits not copied to every Mac?), and " \
            f"each host runs its own: {odd.name} on 127.0.0.3\n" in job.stderr, job.stderr
     assert "is not the same on every host (an edit" not in job.stderr, job.stderr  # not the agents' warning
@@ -342,12 +347,8 @@ def test_a_module_imported_after_init_that_differs_on_one_host_is_named(sshd, tm
     model.write_text("VERSION = 'new'\n")
     (tmp_path / "code" / "logs.py").write_text("")
     (tmp_path / "old.py").write_text("VERSION = 'older'\n")
-    python = python_with_other_disk(tmp_path, "127.0.0.3", f"--bind {tmp_path / 'old.py'} {model}")
-    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1,127.0.0.1:1", *sshd.launch_options(), "--python", str(python),
-                     str(script), timeout=60)
-    assert job.code == 0, job.output
-    assert sorted(re.findall(r"\[rank (\d) \S+\] (\w+) model", job.stdout)) == \
-        [("0", "new"), ("1", "older"), ("2", "new")], job.stdout
+    job, ran = one_host_apart(sshd, tmp_path, f"--bind {tmp_path / 'old.py'} {model}", str(script), what="model")
+    assert ran == "older"
     told = [line for line in job.stderr.splitlines() if "are not the same on every host" in line]
     assert told == ["macfleet: warning: modules that the script imported after macfleet.init() are not the same on "
                     "every host (edits not copied to every Mac?), and each host runs its own: model.py on 127.0.0.3"], \
