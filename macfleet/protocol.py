@@ -22,10 +22,12 @@ Flow of one job::
                                       step_s, share, stood_by_s}       DataParallel's work per step, share,
                                                                        time out of batches in join())
     worker -> coordinator   report   {rank, data}                      (measurements, for macfleet doctor)
-    worker -> coordinator   dataset  {sampler, length}                 (the length of the dataset its k-th
-                                                                       DistributedSampler shards: the
-                                                                       ranks' must agree)
-    worker -> coordinator   sources  {files}                           (a host's first rank, at init: the
+    worker -> coordinator   dataset  {site, made, length,              (a DistributedSampler, the made-th
+                                      subset, order}                   made at line site: its dataset's
+                                                                       length, a Subset's digest, its
+                                                                       options; the ranks' must agree)
+    worker -> coordinator   sources  {files, round}                    (a host's first rank, at init (1) and
+                                                                       its first training step (2): the
                                                                        digests of the script's own modules
                                                                        it imported, ``macfleet.sources``)
     worker -> coordinator   trace    {events, dropped}                 (with launch --timeline: what it
