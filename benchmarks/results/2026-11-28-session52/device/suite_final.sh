@@ -1,5 +1,4 @@
 # session 52, device, final code: the whole suite (ip/tc/ssh/sshd from .exp/netkit) and cuda_check at 2 ranks
-# the tests that need them run too), cuda_check at 2 ranks, then DataParallel against DDP (gloo)
 cp -r .exp/netkit /tmp/netkit
 for b in ip tc ssh ssh-keygen sshd; do printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/netkit/lib exec /tmp/netkit/bin/%s "$@"\n' $b > /usr/local/bin/$b; chmod +x /usr/local/bin/$b; done
 [ -e /usr/sbin/sshd ] || ln -s /usr/local/bin/sshd /usr/sbin/sshd
