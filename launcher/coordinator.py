@@ -826,6 +826,7 @@ def samplers_differ(k: tuple[str, int], notes: dict[int, SamplerNote]) -> str | 
     (a seed drawn from each rank's generators) make parts that overlap and miss samples, with
     nothing else to show for it."""
     site, made = k
+    notes = dict(sorted(notes.items()))  # groups of ranks named in rank order
     which = f"the DistributedSamplers made at {site}" + (f", the {ordinal(made)} made there" if made > 1 else "")
     lengths = grouped({rank: note.length for rank, note in notes.items()})
     if len(lengths) > 1:
@@ -867,11 +868,11 @@ def ranks_text(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {spans(ranks)}"
 
 
-def grouped(values: dict[int, V]) -> dict[V, list[int]]:
-    """The ranks that hold each value, in the order of their first rank."""
-    by_value: dict[V, list[int]] = {}
-    for rank in sorted(values):
-        by_value.setdefault(values[rank], []).append(rank)
+def grouped(values: dict[K, V]) -> dict[V, list[K]]:
+    """The keys that hold each value, each group in the order of its first key."""
+    by_value: dict[V, list[K]] = {}
+    for key, value in values.items():
+        by_value.setdefault(value, []).append(key)
     return by_value
 
 
@@ -889,9 +890,7 @@ def spans(ranks: list[int]) -> str:
 def odd_ones(values: dict[K, V]) -> list[K]:
     """The keys whose value is not the one most keys share, or every key where no one value
     leads; none where all agree (the launcher's tables of hosts that differ mark these)."""
-    groups: dict[V, list[K]] = {}
-    for key, value in values.items():
-        groups.setdefault(value, []).append(key)
+    groups = grouped(values)
     if len(groups) < 2:
         return []
     ranked = sorted(groups.values(), key=len, reverse=True)
