@@ -393,13 +393,11 @@ def test_a_limit_on_open_files_is_raised_for_the_ranks_or_named_before_they_star
     rank on a CUDA machine holds about 55 before its script opens any, and failed at the 56 the
     agent raised it to for itself); under one that does not, the agent or the launcher refuses
     the job before any rank starts, with the numbers."""
-    job = run_launch("--nproc", "4", BEHAVE, "-1", "none", prefix=[*UNDER_LIMIT, "32", "4096"], timeout=60)
-    assert job.code == 0 and job.stdout.count("finished") == 4, job.output
     script = tmp_path / "limit.py"
     script.write_text("import resource, macfleet\nmacfleet.init()\n"
                       "print('soft limit', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
-    job = run_launch("--nproc", "2", str(script), prefix=[*UNDER_LIMIT, "32", "4096"], timeout=60)
-    assert job.code == 0 and job.stdout.count(f"soft limit {openfiles.RANKS_SOFT}") == 2, job.output
+    job = run_launch("--nproc", "4", str(script), prefix=[*UNDER_LIMIT, "32", "4096"], timeout=60)
+    assert job.code == 0 and job.stdout.count(f"soft limit {openfiles.RANKS_SOFT}") == 4, job.output
     job = run_launch("--nproc", "2", str(script), prefix=[*UNDER_LIMIT, "32", "100"], timeout=60)
     assert job.code == 0 and job.stdout.count("soft limit 100") == 2, job.output  # as far as the hard limit allows
     job = run_launch("--nproc", "4", BEHAVE, "-1", "none", prefix=[*UNDER_LIMIT, "40", "40"], timeout=60)
@@ -623,7 +621,10 @@ def test_the_rank_that_sets_the_pace_is_named_at_the_end(mode):
     for r in (0, 1):  # they waited for most of rank 2's extra work, and never longer than their loop
         loop, total = timing[r]
         assert 100 * 0.7 * steps * extra_s / total <= shares[r] <= 100 * loop / total + 2, (line, timing)
-    assert shares[2] < min(shares[0], shares[1]) - 20, line
+    # the report names the slowest rank once the most and least waiting differ by 20 points: on
+    # a loaded machine the ranks' start dilutes all three shares, and rank 0 may be the one that
+    # waited least of the fast two (25% against rank 2's 8%)
+    assert shares[2] < min(shares[0], shares[1]), line
     assert "rank 2 sets the pace" in job.stderr, job.stderr
 
 
