@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import glob
+import gzip
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -133,6 +135,28 @@ def start_launch(*args: str, ready: str, ranks: int, env: dict[str, str] | None 
             pytest.fail(f"job ended before its ranks were ready: {err}")
         lines.append(line)
     return proc, lines
+
+
+def write_idx(path: Path, array) -> None:
+    """``array`` (a torch tensor of bytes' values) as an IDX file, gzipped where ``path`` ends in .gz."""
+    header = bytes([0, 0, 8, array.dim()]) + struct.pack(f">{array.dim()}I", *array.shape)
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(header + bytes(array.flatten().tolist()))
+
+
+def small_mnist(directory: Path, train: int, test: int) -> Path:
+    """``directory`` holding MNIST's four IDX files, of ``train`` and ``test`` random images and
+    labels: for the tests that compare runs of the example with each other, not its learning.
+    The example's generated set (12,000 images) made each of their runs train for seconds."""
+    import torch
+
+    directory.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    for name, n in (("train", train), ("t10k", test)):
+        write_idx(directory / f"{name}-images-idx3-ubyte", torch.randint(0, 256, (n, 28, 28), generator=g))
+        write_idx(directory / f"{name}-labels-idx1-ubyte", torch.randint(0, 10, (n,), generator=g))
+    return directory
 
 
 def kill_group(pid: int) -> None:

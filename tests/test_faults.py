@@ -648,12 +648,16 @@ def test_a_checkpoint_resumes_in_a_job_of_another_size(tmp_path, before: int, af
 
 
 def test_a_killed_and_restarted_run_ends_like_an_uninterrupted_one(tmp_path) -> None:
-    from conftest import MNIST, run_launch
+    from conftest import MNIST, run_launch, small_mnist
     import random
 
     # On the CPU, where the same kernels give the same bits: a GPU's convolutions do not (CUDA's
     # cuDNN, MPS), and the runs are compared to 1e-6. Where auto picks a GPU the two differed by 7e-4.
-    args = ["--device", "cpu", "--env", "OMP_NUM_THREADS=1", str(MNIST), "--epochs", "2", "--checkpoint-every", "10"]
+    # 4,800 images: 37 steps an epoch on two ranks, and the kill lands within 0.5 s of the first
+    # checkpoint (step 10), long before the 74th step.
+    data = small_mnist(tmp_path / "data", train=4800, test=500)
+    args = ["--device", "cpu", "--env", "OMP_NUM_THREADS=1", str(MNIST), "--data-url", str(data), "--epochs", "2",
+            "--checkpoint-every", "10"]
     clean = run_launch("--nproc", "2", *args, "--train-url", str(tmp_path / "clean"), timeout=300)
     assert clean.code == 0, clean.output
     crashed_dir = tmp_path / "crashed"

@@ -13,7 +13,6 @@ import os
 import pty
 import resource
 import shutil
-import struct
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import MNIST
+from conftest import MNIST, write_idx
 from macfleet import ConfigError, hostops, netaddr, wire
 from macfleet.backends import MpsDevice, PolledEvent, check_tensor
 from macfleet.env import WorkerEnv
@@ -904,14 +903,6 @@ def test_a_small_collective_runs_its_arithmetic_on_its_own_thread_only() -> None
 
 
 # -- the example's data -----------------------------------------------------------------------
-def write_idx(path, array: torch.Tensor) -> None:
-    header = bytes([0, 0, 8, array.dim()]) + struct.pack(f">{array.dim()}I", *array.shape)
-    data = header + bytes(array.flatten().tolist())
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "wb") as f:
-        f.write(data)
-
-
 def test_mnist_example_reads_idx_files_raw_or_gzipped_with_plain_python(tmp_path) -> None:
     g = torch.Generator().manual_seed(0)
     for name, shape, gz in (("train-images-idx3-ubyte", (600, 28, 28), True), ("train-labels-idx1-ubyte", (600,), False),
