@@ -15,7 +15,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, Subset
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, Subset, TensorDataset
 from torch.utils.data import dataloader as _dataloader
 
 from macfleet.history import warn_at_script
@@ -59,8 +59,8 @@ def look_at_loaders(world_size: int) -> Look:
     """The data loaders of this process, and the samplers of those being iterated. A sampler
     with ``num_replicas`` and ``rank`` shards (macfleet's, torch's, most others'); torch's
     ``RandomSampler`` and ``SequentialSampler`` read the whole dataset, unless that dataset is a
-    ``Subset`` of at most a rank's share of its own (a shard made by hand). Any other sampler, and
-    an iterable dataset, may do either: it is let be."""
+    shard made by hand (``_a_shard``). Any other sampler, and an iterable dataset, may do either:
+    it is let be."""
     iterator_types = _subclasses(_dataloader._BaseDataLoaderIter)
     loader_types = _subclasses(DataLoader)
     # type() rather than isinstance: isinstance asks some objects for __class__, which a few of
@@ -80,8 +80,15 @@ def look_at_loaders(world_size: int) -> Look:
 
 
 def _a_shard(dataset: object, world_size: int) -> bool:
-    """A ``Subset`` of at most a rank's share of its base: one rank's part, cut by hand (a
-    ``random_split``'s training part is most of its base, and reads it whole)."""
+    """One rank's part, cut by hand: a ``Subset`` of at most a rank's share of its base (a
+    ``random_split``'s training part is most of its base, and reads it whole), or a
+    ``TensorDataset`` of views that hold at most a rank's share of their tensors' memory
+    (``TensorDataset(x[rank::world], y[rank::world])``, or a slice). A part copied out of its
+    base (``.clone()``) or read from the rank's own files looks whole, and is warned of."""
+    if isinstance(dataset, TensorDataset) and dataset.tensors and dataset.tensors[0].dim() > 0:
+        part = dataset.tensors[0]
+        row = part[0].numel() * part.element_size() if len(part) else 0
+        return len(part) * row * world_size <= part.untyped_storage().nbytes() + world_size * row
     if not isinstance(dataset, Subset):
         return False
     try:
