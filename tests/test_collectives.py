@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+from typing import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -108,8 +109,71 @@ def test_all_reduce_of_more_than_100_mib_is_exact(tmp_path) -> None:
     ], env={"MACFLEET_STREAMS": "2"})
 
 
+# The fixed case lists of the three tests below run in one job per path, each test checking its
+# part (a start of three ranks is 8-15 s of CPU on a loaded 2-core machine). Where a job has the
+# in-place cases it starts inside torch.inference_mode(), as a script that only evaluates may.
+BOOL_COMPLEX_SPARSE = [
+    {"kind": kind, "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, "shared": shared}
+    for seed, (kind, dtype, op) in enumerate(
+        [("all_reduce", "bool", op) for op in ("sum", "max", "min")] +
+        [("all_reduce", "complex64", op) for op in ("sum", "avg")] +
+        [(kind, dtype, "sum") for kind in ("broadcast", "all_gather") for dtype in OTHERS])
+    for numel, shared in ((5, False), (70001, True))
+] + [
+    {"kind": "all_reduce", "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, "sparse": True}
+    for seed, (dtype, op, numel) in enumerate([("float32", "sum", 5), ("float32", "sum", 70_001),
+                                               ("float32", "avg", 7_000), ("int64", "sum", 7_000),
+                                               ("bfloat16", "sum", 70_001), ("float64", "avg", 70_007)])
+]
+IN_PLACE = [
+    {"kind": kind, "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, **marks, "shared": shared}
+    for seed, (kind, dtype, numel, op, shared) in enumerate([
+        ("all_reduce", "float32", 1000, "avg", False), ("all_reduce", "float32", 300_001, "sum", False),
+        ("all_reduce", "float32", 5000, "sum", True), ("all_reduce", "bfloat16", 999, "max", False),
+        ("broadcast", "float32", 70_001, "sum", False), ("all_gather", "float16", 77, "sum", False),
+        ("all_reduce", "float64", 300_001, "sum", False), ("all_reduce", "complex64", 200_001, "sum", False),
+        ("all_reduce", "float16", 500_001, "avg", False), ("all_reduce", "bfloat16", 500_001, "max", False)])
+    for marks in ({"leaf": True}, {"inference": "made"}, {"inference": "inside"})
+] + [  # the first shared float64s, inside the mode, then outside it: memory reused from call to call
+    {"kind": "all_reduce", "dtype": "float64", "numel": 5000, "seed": 50 + k, "op": "sum", "src": 1,
+     "shared": True, **marks} for k, marks in enumerate([{"inference": "inside"}, {}, {}])]
+COMPRESSED = [
+    {"kind": "all_reduce", "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 0, "compression": wire}
+    for seed, (wire, dtype, op, numel) in enumerate([
+        ("fp16", "float32", "sum", 70_001), ("bf16", "float32", "avg", 300_001),
+        ("bf16", "float16", "sum", 16_385), ("fp16", "bfloat16", "max", 70_001),
+        ("bf16", "float32", "sum", 100)])
+] + [  # inside torch.inference_mode(), as an evaluation's metrics are, in parts on pool threads
+    {"kind": "all_reduce", "dtype": "float32", "numel": 500_001, "seed": 9, "op": "sum", "src": 0,
+     "compression": "bf16", "inference": "inside"}]
+FIXED_JOBS = {
+    "w3-shm-tiny-slots": [BOOL_COMPLEX_SPARSE, IN_PLACE],
+    "w3-tcp-tiny-chunks-2-streams": [BOOL_COMPLEX_SPARSE, IN_PLACE, COMPRESSED],
+    "w4-tcp-zero-copy-2-streams": [COMPRESSED],
+}
+
+
+@pytest.fixture(scope="module")
+def fixed_cases_job(tmp_path_factory) -> Callable[[str], Job]:
+    """The job that ran ``FIXED_JOBS[path]``'s cases on ``path``, every one exact on every rank;
+    started when a test first needs it."""
+    done: dict[str, Job] = {}
+
+    def job_of(path: str) -> Job:
+        if path not in done:
+            world, env = PATHS[path]
+            groups = FIXED_JOBS[path]
+            if any(group is IN_PLACE for group in groups):
+                env = {**env, "CASES_INIT_INFERENCE": "1"}
+            case_list = [dict(case) for group in groups for case in group]
+            done[path] = run_cases(tmp_path_factory.mktemp(path), world, case_list, env)
+        return done[path]
+
+    return job_of
+
+
 @pytest.mark.parametrize("path", ["w3-shm-tiny-slots", "w3-tcp-tiny-chunks-2-streams"])
-def test_bool_complex_and_sparse_tensors_are_taken_as_torch_distributed_takes_them(tmp_path, path: str) -> None:
+def test_bool_complex_and_sparse_tensors_are_taken_as_torch_distributed_takes_them(fixed_cases_job, path: str) -> None:
     """An early-stopping flag (``all_reduce(torch.tensor(stop))``) and complex numbers, every
     kind of collective, in shared memory and not (drawn above only by chance). They were a
     ConfigError, while torch.distributed takes both. So was a sparse COO tensor (an embedding's
@@ -117,25 +181,12 @@ def test_bool_complex_and_sparse_tensors_are_taken_as_torch_distributed_takes_th
     numbers and rows, and a rank's tensor with no entries at all (5 numbers, a tenth kept).
     Without torch's warning from every rank that sparse invariant checks are off: the sum is
     built checked."""
-    world, env = PATHS[path]
-    job = run_cases(tmp_path, world, [
-        {"kind": kind, "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, "shared": shared}
-        for seed, (kind, dtype, op) in enumerate(
-            [("all_reduce", "bool", op) for op in ("sum", "max", "min")] +
-            [("all_reduce", "complex64", op) for op in ("sum", "avg")] +
-            [(kind, dtype, "sum") for kind in ("broadcast", "all_gather") for dtype in OTHERS])
-        for numel, shared in ((5, False), (70001, True))
-    ] + [
-        {"kind": "all_reduce", "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, "sparse": True}
-        for seed, (dtype, op, numel) in enumerate([("float32", "sum", 5), ("float32", "sum", 70_001),
-                                                   ("float32", "avg", 7_000), ("int64", "sum", 7_000),
-                                                   ("bfloat16", "sum", 70_001), ("float64", "avg", 70_007)])
-    ], env)
+    job = fixed_cases_job(path)
     assert "Sparse invariant checks" not in job.output, job.output
 
 
 @pytest.mark.parametrize("path", ["w3-shm-tiny-slots", "w3-tcp-tiny-chunks-2-streams"])
-def test_parameters_and_inference_tensors_are_reduced_in_place(tmp_path, path: str) -> None:
+def test_parameters_and_inference_tensors_are_reduced_in_place(fixed_cases_job, path: str) -> None:
     """Parameters, as ``dist.broadcast(p, 0)`` and ``dist.all_reduce(p)`` take them: autograd
     refused our in-place writes into a leaf that requires grad (drawn above only by chance).
     2.4 MB of float64 is three parts of the ring over sockets, two of them on pool threads,
@@ -147,20 +198,7 @@ def test_parameters_and_inference_tensors_are_reduced_in_place(tmp_path, path: s
     mode, the buffer was an inference tensor itself, and the pool threads' additions into it
     were refused (found by random cases in bulk, session 48). The job starts inside the mode
     (``macfleet.init()`` under it), as a script that only evaluates may."""
-    world, env = PATHS[path]
-    env = {**env, "CASES_INIT_INFERENCE": "1"}
-    run_cases(tmp_path, world, [
-        {"kind": kind, "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 1, **marks, "shared": shared}
-        for seed, (kind, dtype, numel, op, shared) in enumerate([
-            ("all_reduce", "float32", 1000, "avg", False), ("all_reduce", "float32", 300_001, "sum", False),
-            ("all_reduce", "float32", 5000, "sum", True), ("all_reduce", "bfloat16", 999, "max", False),
-            ("broadcast", "float32", 70_001, "sum", False), ("all_gather", "float16", 77, "sum", False),
-            ("all_reduce", "float64", 300_001, "sum", False), ("all_reduce", "complex64", 200_001, "sum", False),
-            ("all_reduce", "float16", 500_001, "avg", False), ("all_reduce", "bfloat16", 500_001, "max", False)])
-        for marks in ({"leaf": True}, {"inference": "made"}, {"inference": "inside"})
-    ] + [  # the first shared float64s, inside the mode, then outside it: memory reused from call to call
-        {"kind": "all_reduce", "dtype": "float64", "numel": 5000, "seed": 50 + k, "op": "sum", "src": 1,
-         "shared": True, **marks} for k, marks in enumerate([{"inference": "inside"}, {}, {}])], env)
+    fixed_cases_job(path)  # every case exact on every rank
 
 
 def test_broadcasts_over_sockets_in_uneven_pieces_are_exact(tmp_path) -> None:
@@ -219,20 +257,10 @@ def test_shared_tensors_between_hosts_on_every_channel(sshd, tmp_path, zero_copy
 
 
 @pytest.mark.parametrize("path", ["w3-tcp-tiny-chunks-2-streams", "w4-tcp-zero-copy-2-streams"])
-def test_compressed_all_reduce_is_close_and_identical_on_every_rank(tmp_path, path: str) -> None:
+def test_compressed_all_reduce_is_close_and_identical_on_every_rank(fixed_cases_job, path: str) -> None:
     """What crosses the wire is rounded to half precision; every rank must still end with the
     same bits (DataParallel's replicas would drift apart otherwise)."""
-    world, env = PATHS[path]
-    case_list = [{"kind": "all_reduce", "dtype": dtype, "numel": numel, "seed": seed, "op": op, "src": 0,
-                  "compression": wire}
-                 for seed, (wire, dtype, op, numel) in enumerate([
-                     ("fp16", "float32", "sum", 70_001), ("bf16", "float32", "avg", 300_001),
-                     ("bf16", "float16", "sum", 16_385), ("fp16", "bfloat16", "max", 70_001),
-                     ("bf16", "float32", "sum", 100)])]
-    # inside torch.inference_mode(), as an evaluation's metrics are, in parts on pool threads
-    case_list.append({"kind": "all_reduce", "dtype": "float32", "numel": 500_001, "seed": 9, "op": "sum", "src": 0,
-                      "compression": "bf16", "inference": "inside"})
-    run_cases(tmp_path, world, case_list, env)
+    fixed_cases_job(path)  # every case within its bound and the same on every rank
 
 
 @pytest.mark.parametrize("world", [1, 3])
