@@ -168,7 +168,10 @@ class LocalGroup:
             raise ConfigError(self._layout_differs(f"slots of {self.slot_bytes} bytes (rank {self.base + self.index}) "
                                                    f"that do not fit the segment rank {self.base} made")) from None
         self._counters = memoryview(self._mmap)[:self._control].cast("q")
-        self.raw = torch.frombuffer(self._mmap, dtype=torch.uint8, offset=self._control)
+        # never an inference tensor, though macfleet.init() may run under torch.inference_mode():
+        # every later collective writes into its slots, mostly outside that mode
+        with torch.inference_mode(False):
+            self.raw = torch.frombuffer(self._mmap, dtype=torch.uint8, offset=self._control)
         self._bells.open()
         self._counters[self.index * LINE + START] = self.slot_bytes  # unused until the first shared tensor
         self.barrier()
