@@ -65,7 +65,7 @@ REFUSED = ("metric", "sync-bn", "no-sync-differs", "two-forwards")
 
 
 def make_optimizer(model, case="uneven"):
-    """torch's SGD with momentum, whose state join() must carry over."""
+    """torch's SGD with momentum, whose state join() must carry over (oracle's for a refused case)."""
     if case in REFUSED:
         return oracle.MomentumSGD(model.parameters())
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -37,9 +37,11 @@ class MomentumSGD:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
-            if p.grad is not None and set_to_none:
+            if p.grad is None:
+                continue
+            if set_to_none:
                 p.grad = None
-            elif p.grad is not None:
+            else:
                 p.grad.zero_()
 
     @torch.no_grad()
