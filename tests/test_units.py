@@ -434,12 +434,10 @@ def test_a_data_loader_that_every_rank_reads_whole_is_told_from_one_that_shards(
     features = torch.randn(40, 3)
     cut = [Subset(data, range(0, 40, 2)), TensorDataset(features[1::2], torch.arange(20)),
            TensorDataset(features[:20])]  # a rank's half, cut by hand: a Subset, every other row, a slice
-    kept = iter(DataLoader(TensorDataset(features[:21].clone()), shuffle=True))  # copied out: looks whole
-    assert look_at_loaders(2).whole is not None
-    del kept
-    kept = iter(DataLoader(TensorDataset(features[:30]), shuffle=True))  # three quarters: not one rank's part
-    assert look_at_loaders(2).whole is not None
-    del kept
+    for whole in (TensorDataset(features[:21].clone()), TensorDataset(features[:30])):  # copied out; 3/4 of it
+        kept = iter(DataLoader(whole, shuffle=True))
+        assert look_at_loaders(2).whole is not None, whole
+        del kept
     for let_be in (*cut, Stream()):  # a stream
         kept = iter(DataLoader(let_be, batch_size=4))
         assert look_at_loaders(2) == Look(True, True, None), let_be

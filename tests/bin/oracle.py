@@ -25,11 +25,11 @@ def make_batch():
 
 
 class MomentumSGD:
-    """``torch.optim.SGD(lr=0.1, momentum=0.9)``'s update, written out: torch's first optimizer
-    imports torch._dynamo, about 2 s of each rank's start on a 2-core machine, and the suite
-    starts these ranks by the dozen. Every comparison uses it on both sides; the scripts that
-    test what DataParallel does with an optimizer (join's state, checkpoints, the DDP port, the
-    example) keep torch's."""
+    """``torch.optim.SGD(lr=0.1, momentum=0.9)``'s update (``momentum=0``: plain SGD), written
+    out: torch's first optimizer imports torch._dynamo, about 2 s of each rank's start on a
+    2-core machine, and the suite starts these ranks by the dozen. Every comparison uses it on
+    both sides; the scripts that test what DataParallel does with an optimizer (join's state,
+    checkpoints, the DDP port, the example) keep torch's."""
 
     def __init__(self, params, lr: float = 0.1, momentum: float = 0.9) -> None:
         self.params, self.lr, self.momentum = list(params), lr, momentum
@@ -49,11 +49,12 @@ class MomentumSGD:
         for p in self.params:
             if p.grad is None:
                 continue
-            buffer = self.buffers.get(p)
-            if buffer is None:
+            if not self.momentum:
+                buffer = p.grad
+            elif p not in self.buffers:
                 buffer = self.buffers[p] = p.grad.clone()
             else:
-                buffer.mul_(self.momentum).add_(p.grad)
+                buffer = self.buffers[p].mul_(self.momentum).add_(p.grad)
             p.add_(buffer, alpha=-self.lr)
 
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import macfleet
+import oracle
 
 slow_rank, mode, steps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 macfleet.init()
@@ -22,15 +23,14 @@ joined = time.monotonic()
 model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64))
 net = macfleet.DataParallel(model, bucket_cap_mb=0.01, first_bucket_mb=0.01) if mode == "dp" else model
 assert mode != "dp" or len(net.buckets) > 1, "the model must take the communication thread"
+optimizer = oracle.MomentumSGD(model.parameters(), lr=0.01, momentum=0)  # not torch's: see oracle.py
 started = time.monotonic()
 for _ in range(steps):
     time.sleep(0.4 if macfleet.rank() == slow_rank else 0.1)  # the workload itself, not a synchronisation
     if mode == "dp":
+        optimizer.zero_grad()
         net(torch.randn(8, 64)).sum().backward()
-        with torch.no_grad():  # SGD by hand: torch's first optimizer imports torch._dynamo, 2 s of a start
-            for p in model.parameters():
-                p -= 0.01 * p.grad
-                p.grad = None
+        optimizer.step()
     else:
         macfleet.all_reduce(torch.ones(1024))
 ended = time.monotonic()
