@@ -104,6 +104,9 @@ class Coordinator:
         # (line, number there) -> rank -> its sampler's, till every rank's has come
         self.datasets: dict[tuple[str, int], dict[int, SamplerNote]] = {}
         self._datasets_said: set[tuple[SamplerNote, ...]] = set()  # the ranks' notes looked at already
+        # rank -> digests of the inputs of its first training forwards (``macfleet.batches``)
+        self.batches: dict[int, dict[int, str | None]] = {}
+        self._batches_told = False  # rank 0 warned of a loader that reads a whole dataset: the same mistake
         # round (1: at init, 2: since, at the first training step) -> host -> its first rank's
         # digests of the script's modules imported
         self.sources: dict[int, dict[str, dict[str, str]]] = {}
@@ -175,6 +178,7 @@ class Coordinator:
             protocol.BEAT: self._on_beat,
             protocol.REPORT: self._on_report,
             protocol.DATASET: self._on_dataset,
+            protocol.BATCH: self._on_batch,
             protocol.SOURCES: self._on_sources,
             protocol.STACKS: self._on_stacks,
             protocol.TRACE: self._on_trace,
@@ -436,6 +440,26 @@ class Coordinator:
             return
         self._datasets_said.add(said)
         warning = samplers_differ(k, notes)
+        if warning:
+            self.log(f"warning: {warning}")
+
+    def _on_batch(self, msg: dict[str, Any], peer: Peer) -> None:
+        """A digest of the inputs of a rank's ``forward``-th training forward: once every rank's
+        first ``BATCH_FORWARDS`` have come, name the ranks that got the same (``same_batches``), unless
+        rank 0 has warned of the loader that makes them. The job goes on, as it was written."""
+        sender, forward, digest = str(msg.get("from")), msg.get("forward"), msg.get("digest")
+        if not sender.startswith("rank-") or not isinstance(forward, int) or not isinstance(digest, (str, type(None))) \
+                or not 1 <= forward <= protocol.BATCH_FORWARDS or len(digest or "") > 64:
+            raise wire.BadMessage("bad batch note")
+        rank = int(sender[5:])
+        self._batches_told = self._batches_told or (rank == 0 and msg.get("told") is True)
+        notes = self.batches.setdefault(rank, {})
+        notes[forward] = digest
+        complete = {r: d for r, d in self.batches.items() if len(d) == protocol.BATCH_FORWARDS}
+        if len(notes) != protocol.BATCH_FORWARDS or len(complete) != self.world_size:
+            return
+        warning = None if self._batches_told else same_batches(
+            {r: tuple(d[k] for k in range(1, protocol.BATCH_FORWARDS + 1)) for r, d in sorted(complete.items())})
         if warning:
             self.log(f"warning: {warning}")
 
@@ -855,6 +879,30 @@ def samplers_differ(k: tuple[str, int], notes: dict[int, SamplerNote]) -> str | 
             f"Each rank takes its part of its own sampler's order, so the parts overlap and miss samples: give "
             f"every rank's the same (macfleet seeds rank r's generators with seed + r, so a seed drawn from them "
             f"differs from rank to rank)")
+
+
+def same_batches(digests: dict[int, tuple[str | None, ...]]) -> str | None:
+    """Which ranks got the same inputs as another rank in each of their first training forwards
+    (digests in forward order, by rank), or None. A rank whose inputs did not change from one
+    forward to the next (one fixed batch, as in a benchmark) or that held no tensor to read is
+    let be: only data that moves on from batch to batch and is the same on two ranks is a
+    dataset read twice."""
+    moving = {rank: d for rank, d in digests.items() if None not in d and len(set(d)) > 1}
+    alike = [ranks for ranks in grouped(moving).values() if len(ranks) > 1]
+    if not alike:
+        return None
+    forwards = len(next(iter(digests.values())))
+    if len(alike) == 1 and len(alike[0]) == len(digests):
+        who = (f"the ranks train on the same batches: the first {forwards} training forwards of every rank got "
+               f"the same inputs as every other rank's, so the {len(digests)} ranks together go no faster than one")
+    else:
+        groups = " and of ".join(ranks_text(ranks) for ranks in alike)
+        who = (f"some ranks train on the same batches: the first {forwards} training forwards of {groups} got the "
+               f"same inputs{' (each group its own)' if len(alike) > 1 else ''}, so they go through the same samples")
+    return (f"{who}. Each rank must read its own part of the data: a DataLoader over a dataset with a length "
+            f"takes sampler=macfleet.DistributedSampler(dataset); an IterableDataset must yield each rank its own "
+            f"part, split by macfleet.rank() and macfleet.world_size() (not by macfleet.local_rank(), which "
+            f"repeats on every Mac)")
 
 
 def ordinal(n: int) -> str:

@@ -7,7 +7,8 @@ as every other rank), so an epoch takes as long as it did on one process, and tw
 faster than one. torch's DDP says nothing of it (Lightning swaps in a distributed sampler by
 itself). At its first training steps, rank 0's DataParallel looks at the data loaders being
 iterated (a ``for`` loop's iterator is alive while its body runs) and warns once if every one
-of them reads a whole dataset.
+of them reads a whole dataset. What it lets be (an iterable dataset, a rank's own files) the
+launcher judges by the ranks' inputs (``macfleet.batches``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class WholeDatasetCheck:
 
     def __init__(self) -> None:
         self.looks_left = LOOKS
+        self.warned = False  # the launcher's same-batches check then says nothing more of it
 
     def __call__(self, world_size: int) -> None:
         if self.looks_left <= 0:
@@ -49,6 +51,7 @@ class WholeDatasetCheck:
         if look.iterated or not look.made:
             self.looks_left = 0
         if look.whole is not None:
+            self.warned = True
             warn_at_script(advice(look.whole, world_size))
 
 

@@ -31,14 +31,13 @@ import functools
 import time
 import weakref
 from contextlib import contextmanager
-from dataclasses import fields, is_dataclass
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 from torch import nn
 
 from macfleet import runtime as rt
-from macfleet import loaders, timeline
+from macfleet import batches, loaders, timeline
 from macfleet.arguments import WIRE_DTYPES
 from macfleet.backends import Device, HostEvent
 from macfleet.buckets import Bucket, BucketThread, average, bucket_layout, exchange, stage
@@ -263,7 +262,7 @@ class DataParallel(nn.Module):
         # next training forward, the one that counts.
         if not (self.training and torch.is_grad_enabled()):
             return self.module(*args, **kwargs)
-        eagerly(self._before_training_forward)()
+        eagerly(self._before_training_forward)(args, kwargs)
         return eagerly(self._watch_outputs)(self.module(*args, **kwargs))
 
     def _watch_outputs(self, output: Any) -> Any:
@@ -274,7 +273,7 @@ class DataParallel(nn.Module):
         its own, which ends before the layers under the segment have their gradients, and the
         step would end there without them. (DDP's ``_DDPSink`` on its outputs does the same.)"""
         if self._hooks:
-            for t in _tensors(output):
+            for t in batches.tensors_in(output):
                 if t.requires_grad:
                     t.register_hook(self._on_output_grad)
         if self._began:
@@ -299,7 +298,7 @@ class DataParallel(nn.Module):
         if self._queued:
             self._finish_backward()
 
-    def _before_training_forward(self) -> None:
+    def _before_training_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._queued:
             # Autograd drops the end-of-backward callback when backward raises: this rank released
             # some buckets and not others, and the other ranks wait for the rest. Going on would
@@ -325,8 +324,10 @@ class DataParallel(nn.Module):
         if self.broadcast_buffers and self.runtime.world_size > 1:
             with torch.no_grad(), rt.on_behalf_of("DataParallel (buffers)"):
                 self._broadcast_buffers(source)
-        if self.runtime.rank == 0 and self.runtime.world_size > 1:
-            loaders.CHECK(self.runtime.world_size)  # a DataLoader that every rank reads whole
+        if self.runtime.world_size > 1:
+            if self.runtime.rank == 0:
+                loaders.CHECK(self.runtime.world_size)  # a DataLoader that every rank reads whole
+            batches.NOTES(args, kwargs, loaders.CHECK.warned)  # ranks that get the same batches
         rt.note_sources_again()  # the script's modules imported after init (its model's, by now)
 
     def _broadcast_buffers(self, source: int) -> None:
@@ -558,22 +559,6 @@ T = TypeVar("T")
 
 # torch 2.3 and later (Dynamo folds this call while it traces); None before
 _is_compiling: Callable[[], bool] | None = getattr(torch.compiler, "is_compiling", None)
-
-
-def _tensors(output: Any) -> Iterator[torch.Tensor]:
-    """The tensors in a module's output: a tensor, or tuples, lists, dicts (Hugging Face's
-    ``ModelOutput`` is one) and dataclasses of them."""
-    if isinstance(output, torch.Tensor):
-        yield output
-    elif isinstance(output, (tuple, list)):
-        for item in output:
-            yield from _tensors(item)
-    elif isinstance(output, dict):
-        for item in output.values():
-            yield from _tensors(item)
-    elif is_dataclass(output) and not isinstance(output, type):
-        for f in fields(output):
-            yield from _tensors(getattr(output, f.name))
 
 
 def eagerly(fn: Callable[..., T]) -> Callable[..., T]:

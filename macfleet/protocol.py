@@ -26,6 +26,10 @@ Flow of one job::
                                       subset, order}                   made at line site: its dataset's
                                                                        length, a Subset's digest, its
                                                                        options; the ranks' must agree)
+    worker -> coordinator   batch    {forward, digest, told}           (at each of a rank's first training
+                                                                       forwards: a digest of its inputs,
+                                                                       ``macfleet.batches``; the ranks'
+                                                                       should differ)
     worker -> coordinator   sources  {files, round}                    (a host's first rank, at init (1) and
                                                                        its first training step (2): the
                                                                        digests of the script's own modules
@@ -63,6 +67,8 @@ ABORT = "abort"
 BYE = "bye"
 REPORT = "report"
 DATASET = "dataset"
+BATCH = "batch"
+BATCH_FORWARDS = 3  # a rank's first training forwards noted in batch messages (``macfleet.batches``)
 SOURCES = "sources"
 STDIN = "stdin"
 HOLD = "hold"

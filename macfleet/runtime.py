@@ -598,6 +598,15 @@ def note_dataset(site: str, made: int, length: int, subset: str | None, order: d
                                                   "order": order}))
 
 
+def note_batch(forward: int, digest: str | None, told: bool) -> None:
+    """Tell the launcher what this rank's ``forward``-th training forward got: a digest of its
+    inputs (``batches.inputs_digest``; None where it holds no tensor to read). ``told``: rank 0
+    has warned of a DataLoader that reads a whole dataset, which shows as the same batches."""
+    rt = runtime()
+    if rt.control is not None:
+        rt.control.outbox.put((protocol.BATCH, {"forward": forward, "digest": digest, "told": told}))
+
+
 @contextmanager
 def on_behalf_of(caller: str) -> Iterator[None]:
     """Collectives issued on this thread inside the block come from ``caller`` (macfleet's own

@@ -31,7 +31,7 @@ from conftest import MNIST, write_idx
 from macfleet import ConfigError, hostops, netaddr, wire
 from macfleet.backends import MpsDevice, PolledEvent, check_tensor
 from macfleet.env import WorkerEnv
-from macfleet.launcher.coordinator import odd_copies
+from macfleet.launcher.coordinator import odd_copies, same_batches
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
 from macfleet.launcher.relay import Output, Relay
 from macfleet.launcher.report import pace_report, stood_by_report
@@ -457,6 +457,59 @@ def test_a_data_loader_that_every_rank_reads_whole_is_told_from_one_that_shards(
     check = WholeDatasetCheck()
     check(2)
     assert check.looks_left == 0  # no loader at all: one look is enough
+
+
+def test_a_forward_s_inputs_are_known_by_their_first_rows_in_whatever_they_come() -> None:
+    """What each rank's DataParallel tells the launcher of its first training forwards' inputs:
+    equal batches, however they are held (a copy, a transposed view, a dict, a dataclass), give
+    equal digests; another first sample, shape or dtype another. Rows past the first 64 KiB
+    are not read; a tensor that cannot be read so is left out."""
+    from macfleet.batches import HEAD_BYTES, inputs_digest
+
+    @dataclasses.dataclass
+    class Batch:
+        pixels: torch.Tensor
+        labels: torch.Tensor
+
+    x, y = torch.randn(32, 3, 8, 8), torch.arange(32)
+    same = inputs_digest((x, y), {})
+    assert inputs_digest((x.clone(), y.clone()), {}) == same
+    for held in [((x, y),), ([x, [y]],), (Batch(x, y),), ({"pixels": x, "labels": y},)]:
+        assert inputs_digest(held, {}) == same, held
+    assert inputs_digest((x,), {"labels": y}) == same  # keyword arguments count after the others
+    other = x.clone()
+    other[0, 0, 0, 0] += 1  # another first sample
+    assert inputs_digest((other, y), {}) != same
+    assert inputs_digest((x.double(), y), {}) != same and inputs_digest((x[:31], y[:31]), {}) != same
+    t = x.reshape(32, -1).t()  # not contiguous: its first rows read through a copy
+    assert inputs_digest((t,), {}) == inputs_digest((t.contiguous(),), {})
+    rows = HEAD_BYTES // (3 * 8 * 8 * 4)  # of a larger batch, the rows read
+    big = torch.randn(rows + 2, 3, 8, 8)
+    early, late = big.clone(), big.clone()
+    early[rows - 1] += 1
+    late[rows] += 1  # past what is read: the same digest, the cost of reading only the first rows
+    assert inputs_digest((early,), {}) != inputs_digest((big,), {}) == inputs_digest((late,), {})
+    assert inputs_digest((x.to_sparse(),), {}) is None and inputs_digest(("text", 3), {}) is None
+    assert inputs_digest((x.to_sparse(), x), {}) == inputs_digest((x,), {})
+    assert inputs_digest((torch.tensor(2.0),), {}) != inputs_digest((torch.tensor(3.0),), {})
+    assert inputs_digest((torch.empty(0, 3),), {}) is not None
+
+
+def test_ranks_whose_first_batches_were_alike_are_named_but_a_fixed_batch_is_not() -> None:
+    """The launcher's reading of the ranks' digests (by rank, in forward order)."""
+    moving = ("a", "b", "c")
+    said = same_batches({0: moving, 1: moving, 2: moving})
+    assert said and said.startswith("the ranks train on the same batches") and "the 3 ranks together" in said
+    assert "macfleet.DistributedSampler(dataset)" in said and "macfleet.rank() and macfleet.world_size()" in said
+    # split by the rank on its Mac, two Macs of two ranks: ranks 0 and 2 alike, and 1 and 3
+    said = same_batches({0: moving, 1: ("d", "e", "f"), 2: moving, 3: ("d", "e", "f")})
+    assert said and said.startswith("some ranks train on the same batches") and "ranks 0, 2 and of ranks 1, 3" in said
+    said = same_batches({0: moving, 1: ("d", "e", "f"), 2: moving})
+    assert said and "of ranks 0, 2 got the same inputs, so" in said
+    assert same_batches({0: moving, 1: ("a", "b", "d"), 2: ("x", "b", "c")}) is None  # alike in some forwards only
+    assert same_batches({0: ("w", "a", "a"), 1: ("w", "b", "b")}) is None  # a warm-up alike, then their own data
+    assert same_batches({0: ("f", "f", "f"), 1: ("f", "f", "f")}) is None  # one fixed batch: a benchmark's
+    assert same_batches({0: ("a", None, "c"), 1: ("a", None, "c")}) is None  # a forward without a tensor to read
 
 
 @given(st.integers(1, 300), st.lists(st.integers(1, 3), min_size=1, max_size=6),
