@@ -72,17 +72,19 @@ def inputs_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
 
 
 def _head(tensor: torch.Tensor) -> torch.Tensor | None:
-    """The tensor's first rows, flat and contiguous in host memory (a view, for a CPU batch);
-    None for one whose memory cannot be read so (sparse, nested, meta, a subclass's)."""
+    """The tensor's first ``HEAD_BYTES`` (its first rows, or the start of the first where a row
+    is larger: a video clip's), flat and contiguous in host memory; None for one whose memory
+    cannot be read so (sparse, nested, meta, a subclass's)."""
     if tensor.layout != torch.strided or tensor.is_meta or type(tensor) is not torch.Tensor:
         return None
     head = tensor.detach()
     if head.dim() > 0 and head.shape[0] > 1:
         row = max(1, head[0].numel() * head.element_size())
         head = head[:max(1, HEAD_BYTES // row)]
-    # blocking copy of a few rows to the host (mps-facts: copies blocking unless proven); on the
-    # CPU contiguous() of leading rows is a view
-    return head.contiguous().cpu().reshape(-1)
+    # on the device, then a blocking copy of those bytes alone to the host (mps-facts: copies
+    # blocking unless proven); a CPU batch's leading rows are a view, read where they are
+    head = head.contiguous().reshape(-1)[:max(1, HEAD_BYTES // head.element_size())]
+    return head.cpu()
 
 
 def tensors_in(value: Any) -> Iterator[torch.Tensor]:

@@ -493,6 +493,11 @@ def test_a_forward_s_inputs_are_known_by_their_first_rows_in_whatever_they_come(
     assert inputs_digest((x.to_sparse(), x), {}) == inputs_digest((x,), {})
     assert inputs_digest((torch.tensor(2.0),), {}) != inputs_digest((torch.tensor(3.0),), {})
     assert inputs_digest((torch.empty(0, 3),), {}) is not None
+    clips = torch.randn(2, HEAD_BYTES)  # rows larger than what is read: the first row's start alone
+    start, end = clips.clone(), clips.clone()
+    start[0, 0] += 1
+    end[0, -1] += 1
+    assert inputs_digest((start,), {}) != inputs_digest((clips,), {}) == inputs_digest((end,), {})
 
 
 def test_ranks_whose_first_batches_were_alike_are_named_but_a_fixed_batch_is_not() -> None:
