@@ -8,7 +8,7 @@ one a consistent DDP script names, and which on a Mac is the GPU whatever ``loca
 (a CUDA script's ``device_ids=[1]`` on a Mac's second rank means its GPU, not a second one).
 ``output_device``, ``dim``, ``gradient_as_bucket_view`` (the gradients are the buckets' views
 anyway), ``static_graph``, ``init_sync`` (every rank starts from rank 0's parameters anyway) and
-``check_reduction`` change nothing. A ``process_group`` is refused: DataParallel averages over
+``check_reduction`` change nothing, and nor does ``batched_grad_copy``. A ``process_group`` is refused: DataParallel averages over
 the macfleet job, and a group of torch.distributed's is no subset of it. (``forward_sync_buffers``,
 torch 2.13's name for ``broadcast_buffers`` at each forward, whose False keeps the buffers' sync
 at the start where ``broadcast_buffers=False`` drops it, and DDP's None for those and for
@@ -26,6 +26,36 @@ from torch import nn
 from macfleet.errors import ConfigError
 
 DeviceId = int | str | torch.device
+
+# DDP's other options, where given other than DDP's default: what a ported script does instead
+DDP_ONLY = {
+    "mixed_precision": "DDP's mixed_precision (torch's private _MixedPrecision) has no counterpart here: train under "
+                       "torch.autocast (bfloat16 on a Mac's GPU, as the MNIST example's --amp does), and pass "
+                       "compression='bf16' or 'fp16' to send the gradients in half precision",
+    "device_mesh": "DataParallel averages gradients over the whole macfleet job: leave device_mesh out (a "
+                   "DeviceMesh of torch.distributed's has no meaning for it)",
+    "bucket_cap_mb_list": "give bucket_cap_mb (the cap of every bucket) and first_bucket_mb (the first one's) in "
+                          "place of a list of caps",
+    "delay_all_reduce_named_params": "DataParallel starts each bucket's exchange as soon as its gradients are "
+                                     "ready and holds no parameter back to the end of backward: leave "
+                                     "delay_all_reduce_named_params and param_to_hook_all_reduce out",
+    "skip_all_reduce_unused_params": "DataParallel does not skip the parameters that get no gradient: with "
+                                     "find_unused_parameters=True it averages their gradients as zeros; leave "
+                                     "skip_all_reduce_unused_params out",
+}
+DDP_ONLY["param_to_hook_all_reduce"] = DDP_ONLY["delay_all_reduce_named_params"]
+DDP_DEFAULTS = {"skip_all_reduce_unused_params": False, "batched_grad_copy": False}  # the rest: None
+
+
+def refuse_ddp_only(options: dict[str, Any]) -> None:
+    """Raise for a DDP option that DataParallel does not take, unless it is given DDP's default
+    (a ported line may spell those out); ``batched_grad_copy`` changes nothing. A name DDP does
+    not have either is a TypeError, as Python's for any other unknown keyword."""
+    for name, value in options.items():
+        if name not in DDP_ONLY and name not in DDP_DEFAULTS:
+            raise TypeError(f"DataParallel.__init__() got an unexpected keyword argument {name!r}")
+        if name in DDP_ONLY and value is not DDP_DEFAULTS.get(name):
+            raise ConfigError(f"{name}={value!r}: {DDP_ONLY[name]}")
 
 
 def input_device(module: nn.Module, device_ids: Sequence[DeviceId] | None, process_group: object) -> torch.device | None:

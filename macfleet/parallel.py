@@ -42,7 +42,7 @@ from macfleet.arguments import WIRE_DTYPES
 from macfleet.backends import Device, HostEvent
 from macfleet.buckets import Bucket, BucketThread, average, bucket_layout, exchange, stage
 from macfleet.collectives import WORK_DTYPE, Collectives
-from macfleet.ddp_options import DeviceId, input_device, to_device
+from macfleet.ddp_options import DeviceId, input_device, refuse_ddp_only, to_device
 from macfleet.errors import ConfigError, ProtocolError
 from macfleet.join import Join
 from macfleet.same_model import check_same_model
@@ -68,8 +68,10 @@ class DataParallel(nn.Module):
     the model's device, as DDP's does; ``forward_sync_buffers`` (torch 2.13's name) is
     ``broadcast_buffers`` at each forward, but its False, as there, still sends rank 0's buffers
     at the start; None means what it means there (True; for ``bucket_cap_mb``, 25);
-    ``output_device``, ``dim``, ``init_sync``, ``check_reduction``, ``gradient_as_bucket_view``
-    and ``static_graph`` change nothing.
+    ``output_device``, ``dim``, ``init_sync``, ``check_reduction``, ``gradient_as_bucket_view``,
+    ``static_graph`` and ``batched_grad_copy`` change nothing. DDP's others (``mixed_precision``,
+    ``device_mesh``, ...) given other than DDP's default are a ``ConfigError`` that says what to
+    do instead.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = 25.0, first_bucket_mb: float = 1.0,
@@ -78,8 +80,9 @@ class DataParallel(nn.Module):
                  device_ids: Sequence[DeviceId] | None = None, output_device: DeviceId | None = None, dim: int = 0,
                  process_group: object = None, init_sync: bool = True, check_reduction: bool = False,
                  gradient_as_bucket_view: bool = False, static_graph: bool = False,
-                 forward_sync_buffers: bool | None = None) -> None:
+                 forward_sync_buffers: bool | None = None, **ddp_only: Any) -> None:
         super().__init__()
+        refuse_ddp_only(ddp_only)  # DDP's other options: what to do instead
         # As DDP's: rank 0's buffers go to every rank at the start unless broadcast_buffers=False
         # says not (a script that keeps rank-local buffers); forward_sync_buffers (torch 2.13's
         # name for the syncs at each forward) leaves the start's sync on.

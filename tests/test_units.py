@@ -903,6 +903,32 @@ def test_ddp_s_device_ids_move_the_inputs_to_the_model_and_nonsense_is_named() -
         input_device(split, [0], None)
 
 
+def test_ddp_s_other_options_say_what_to_do_instead_unless_given_ddp_s_defaults() -> None:
+    """The rest of DDP's signature (torch 2.13): a ported line that passed one of them got
+    Python's "unexpected keyword argument", which says nothing of what to do on a Mac."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    from macfleet.ddp_options import refuse_ddp_only
+    from macfleet.parallel import DataParallel
+
+    ours = inspect.signature(DataParallel.__init__).parameters
+    ddp = inspect.signature(DistributedDataParallel.__init__).parameters
+    rest = {name: p.default for name, p in ddp.items() if name not in ours}
+    refuse_ddp_only(rest)  # DDP's defaults, spelled out: taken (a name a newer torch adds fails here first)
+    refuse_ddp_only({"batched_grad_copy": True})  # a speed-up of DDP's copies, which DataParallel does not make
+    for name, value, advice in [("mixed_precision", object(), "torch.autocast"), ("device_mesh", object(), "whole"),
+                                ("bucket_cap_mb_list", [1, 25], "first_bucket_mb"),
+                                ("delay_all_reduce_named_params", [], "holds no parameter back"),
+                                ("param_to_hook_all_reduce", object(), "holds no parameter back"),
+                                ("skip_all_reduce_unused_params", True, "as zeros")]:
+        with pytest.raises(ConfigError, match=f"^{name}=.*{advice}"):
+            refuse_ddp_only({name: value})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bucket_cap'"):
+        refuse_ddp_only({"bucket_cap": 25})  # a typo is Python's error still
+
+
 # -- DataParallel's bucket layout ------------------------------------------------------------
 @given(widths=st.lists(st.integers(1, 64), min_size=2, max_size=9), biases=st.lists(st.booleans(), min_size=8, max_size=8),
        doubles=st.lists(st.booleans(), min_size=8, max_size=8), first_cap=st.integers(4, 20000),
