@@ -445,8 +445,8 @@ class Coordinator:
 
     def _on_batch(self, msg: dict[str, Any], peer: Peer) -> None:
         """A digest of the inputs of a rank's ``forward``-th training forward: once every rank's
-        first ``BATCH_FORWARDS`` have come, name the ranks that got the same (``same_batches``), unless
-        rank 0 has warned of the loader that makes them. The job goes on, as it was written."""
+        first ``BATCH_FORWARDS`` have come, name the ranks that got the same (``same_batches``),
+        unless rank 0 has warned of the loader that makes them. The job goes on as written."""
         sender, forward, digest = str(msg.get("from")), msg.get("forward"), msg.get("digest")
         if not sender.startswith("rank-") or not isinstance(forward, int) or not isinstance(digest, (str, type(None))) \
                 or not 1 <= forward <= protocol.BATCH_FORWARDS or len(digest or "") > 64:

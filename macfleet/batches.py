@@ -31,7 +31,7 @@ from macfleet.collectives import host_memory
 
 # training forwards noted (3): past a warm-up on a dummy batch, which is alike on every rank
 FORWARDS = protocol.BATCH_FORWARDS
-HEAD_BYTES = 1 << 16  # of each tensor, the first rows up to this (at least one): the batch's first samples
+HEAD_BYTES = 1 << 16  # read of each tensor: its first rows, the batch's first samples (``_head``)
 MOST_TENSORS = 8
 
 

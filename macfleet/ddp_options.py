@@ -7,9 +7,10 @@ device; as in DDP the forward then moves the inputs to it: to the model's device
 one a consistent DDP script names, and which on a Mac is the GPU whatever ``local_rank`` says
 (a CUDA script's ``device_ids=[1]`` on a Mac's second rank means its GPU, not a second one).
 ``output_device``, ``dim``, ``gradient_as_bucket_view`` (the gradients are the buckets' views
-anyway), ``static_graph``, ``init_sync`` (every rank starts from rank 0's parameters anyway) and
-``check_reduction`` change nothing, and nor does ``batched_grad_copy``. A ``process_group`` is refused: DataParallel averages over
-the macfleet job, and a group of torch.distributed's is no subset of it. (``forward_sync_buffers``,
+anyway), ``static_graph``, ``init_sync`` (every rank starts from rank 0's parameters anyway),
+``check_reduction`` and ``batched_grad_copy`` change nothing. A ``process_group`` is refused:
+DataParallel averages over the macfleet job, and a group of torch.distributed's is no subset of
+it; DDP's other options say what to do instead (``refuse_ddp_only``). (``forward_sync_buffers``,
 torch 2.13's name for ``broadcast_buffers`` at each forward, whose False keeps the buffers' sync
 at the start where ``broadcast_buffers=False`` drops it, and DDP's None for those and for
 ``bucket_cap_mb`` are read where DataParallel reads its own options.)
