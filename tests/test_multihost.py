@@ -232,6 +232,20 @@ def test_an_unmodified_ddp_gloo_script_runs_across_hosts(sshd) -> None:
         assert f"ddp ok rank {rank} of 3 local {local}" in job.stdout
 
 
+def test_ranks_that_split_their_data_by_the_rank_on_their_mac_are_named(sshd) -> None:
+    """A stream split into a part per rank by ``macfleet.local_rank()``, where ``rank()`` was
+    meant: on two Macs of two ranks, ranks 0 and 2 read part 0, ranks 1 and 3 part 1, and parts
+    2 and 3 nobody. It trains without an error; the launcher names the two pairs."""
+    job = run_launch("--hosts", "127.0.0.2:2,127.0.0.3:2", *sshd.launch_options(), str(BIN / "same_batches.py"),
+                     "by-local-rank", timeout=60)
+    assert job.code == 0 and job.stdout.count(" trained") == 4, job.output
+    warned = [line for line in job.stderr.splitlines() if "train on the same batches" in line]
+    assert len(warned) == 1, job.stderr
+    assert warned[0].startswith("macfleet: warning: some ranks train on the same batches: the first 3 training "
+                                "forwards of ranks 0, 2 and of ranks 1, 3 got the same inputs (each group its own)")
+    assert "not by macfleet.local_rank()" in warned[0]
+
+
 def test_the_torch_distributed_store_outlives_rank_0(sshd) -> None:
     """Rank 0 leaves at once; ranks on the other host still reach the store afterwards."""
     job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:2", *sshd.launch_options(), str(BIN / "store_after_rank0.py"),

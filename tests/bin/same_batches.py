@@ -1,8 +1,8 @@
 """``same_batches.py MODE``: a few training steps of a small model, each rank reading its data
 as MODE says, after a warm-up step on a dummy batch (alike on every rank, before the loop):
 - ``stream``: an IterableDataset that does not split itself: every rank streams all of it;
-- ``by-mac``: one split by the rank on its Mac, as ``macfleet.local_rank()`` splits it on two
-  Macs of two ranks each (``rank % 2`` here, where the job's four ranks share one machine);
+- ``by-local-rank``: one split into as many parts as the job has ranks, but by
+  ``macfleet.local_rank()``, the rank on its Mac, where ``macfleet.rank()`` was meant;
 - ``split``: one split by ``macfleet.rank()`` and ``macfleet.world_size()``;
 - ``in-order``: a DataLoader over a TensorDataset with no sampler and ``shuffle=False``, the
   mistake rank 0's loaders check names.
@@ -35,7 +35,7 @@ class Stream(IterableDataset):
 mode = sys.argv[1]
 macfleet.init()
 rank, world = macfleet.rank(), macfleet.world_size()
-dataset = {"stream": lambda: Stream(0, 1), "by-mac": lambda: Stream(rank % 2, 2), "split": lambda: Stream(rank, world),
+dataset = {"stream": lambda: Stream(0, 1), "by-local-rank": lambda: Stream(macfleet.local_rank(), world), "split": lambda: Stream(rank, world),
            "in-order": lambda: TensorDataset(*next(iter(DataLoader(Stream(0, 1), batch_size=48))))}[mode]()
 model = macfleet.DataParallel(nn.Linear(6, 3))
 loader = DataLoader(dataset, batch_size=4)
