@@ -35,7 +35,9 @@ class Stream(IterableDataset):
 mode = sys.argv[1]
 macfleet.init()
 rank, world = macfleet.rank(), macfleet.world_size()
-dataset = {"stream": lambda: Stream(0, 1), "by-local-rank": lambda: Stream(macfleet.local_rank(), world), "split": lambda: Stream(rank, world),
+dataset = {"stream": lambda: Stream(0, 1),
+           "by-local-rank": lambda: Stream(macfleet.local_rank(), world),
+           "split": lambda: Stream(rank, world),
            "in-order": lambda: TensorDataset(*next(iter(DataLoader(Stream(0, 1), batch_size=48))))}[mode]()
 model = macfleet.DataParallel(nn.Linear(6, 3))
 loader = DataLoader(dataset, batch_size=4)
