@@ -239,13 +239,15 @@ class Coordinator:
                 self._stall_reported = None  # a stall after the debugging is reported afresh
                 self.send_each("rank", protocol.HOLD, on=held)
 
-    def _waiting_for(self, now: float, longer_than: float = 0.0, but: int | None = None) -> dict[int, dict[str, Any]]:
+    def _waiting_for(self, now: float, longer_than: float = 0.0, but: int | None = None,
+                     said: bool = False) -> dict[int, dict[str, Any]]:
         """Ranks (other than ``but``) that have been inside a collective for more than
-        ``longer_than`` seconds."""
+        ``longer_than`` seconds; ``said``: as their last beats said, not counting the time since."""
         out = {}
         for rank, st in self.status.items():
             waiting = st.get("waiting")
-            if waiting and rank != but and rank not in self.exits and self._waited(st, now) > longer_than:
+            if waiting and rank != but and rank not in self.exits and \
+                    self._waited(st, st["at"] if said else now) > longer_than:
                 out[rank] = waiting
         return out
 
@@ -273,7 +275,11 @@ class Coordinator:
         if self.stall_timeout_s <= 0 or self.aborted is not None or len(self.registered) < self.world_size:
             return
         now = time.monotonic()
-        waiting = self._waiting_for(now, self.stall_timeout_s)
+        # As the waiting ranks' beats said: a rank whose beat came a moment before its collective
+        # ended seemed to wait on until its next beat, and a second of that at the 1 s stall
+        # timeout named the rank it had waited for, already past it, "made no progress" (a flake
+        # of the slow-link test). A stall is named up to a beat late, as the data check is.
+        waiting = self._waiting_for(now, self.stall_timeout_s, said=True)
         if not waiting or self._data_moving(now, waiting):
             self._stall_reported, self._recheck, self._abort_after, self._busy_said = None, None, 0.0, False
             self._note_long_exchange(waiting, now)

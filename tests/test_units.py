@@ -1172,6 +1172,28 @@ def test_a_late_beat_from_a_rank_that_receives_data_does_not_make_its_source_a_s
         assert any("stall: rank 0 (mac0) made no progress" in line for line in logged), logged
 
 
+def test_a_wait_that_ended_right_after_a_rank_s_beat_does_not_name_the_rank_it_waited_for() -> None:
+    """Rank 1's beat says it has waited 0.3 s in a barrier, which ends a moment later; its next
+    beat is a second away. Rank 0, through the barrier, beats on time out of any collective. The
+    time since rank 1's beat counted as waiting, and 0.7 s later, at the 1 s stall timeout, rank
+    0 was named "made no progress" (the slow-link test's flake in a loaded run). Once a beat
+    itself says the wait has lasted over the timeout, rank 0 is named."""
+    from macfleet.protocol import BEAT, HEARTBEAT_S
+
+    with _registered_ranks(2) as (coord, ranks, logged):
+        def beats_until(ends: float) -> None:
+            while not any("stall:" in line for line in logged) and time.monotonic() < ends:
+                ranks[0].send(BEAT, progress=2, quiet_s=9.0, waiting=None)
+                coord.poll(0.1)
+
+        ranks[1].send(BEAT, progress=0, quiet_s=9.0, waiting={"op": "all_reduce", "id": 1, "for_s": 0.3})
+        beats_until(time.monotonic() + 1.5 * HEARTBEAT_S)  # its next beat is late
+        assert not any("stall:" in line for line in logged), logged
+        ranks[1].send(BEAT, progress=0, quiet_s=9.0, waiting={"op": "all_reduce", "id": 1, "for_s": 1.9})
+        beats_until(time.monotonic() + 5)
+        assert any("stall: rank 0 (mac0) made no progress" in line for line in logged), logged
+
+
 def test_ranks_waiting_in_different_collectives_with_nothing_arriving_are_named_by_the_stall_report() -> None:
     """The backstop behind the messages' own checks (each names its collective and number, so
     ranks in different collectives find out from the first one that reaches them): ranks that
