@@ -225,13 +225,26 @@ def test_a_forward_without_autograd_on_rank_0_alone_needs_no_other_rank(dp_job) 
     assert job.code == 0 and (out / "validate-alone.pt").exists(), job.output
 
 
-@pytest.mark.parametrize("where, sizes, dtype", [("one host", (1, 2, 3), torch.float32),
-                                                 ("two hosts", (1, 2, 3), torch.float32),
-                                                 ("one host", (0, 2, 3), torch.float32),
-                                                 ("one host", (1, 2, 3), torch.float64)],
-                         ids=["one host", "two hosts", "a rank without images", "float64"])
-def test_sync_batch_norm_normalizes_with_the_whole_global_batch(request, tmp_path, where: str,
-                                                               sizes: tuple[int, ...], dtype: torch.dtype) -> None:
+# Each case of a rank's images and dtype; those on one host run in one job (each a 3-rank job
+# of its own was about 8 s of the suite).
+SYNC_BN_CASES = {"one host": ((1, 2, 3), torch.float32), "two hosts": ((1, 2, 3), torch.float32),
+                 "a rank without images": ((0, 2, 3), torch.float32), "float64": ((1, 2, 3), torch.float64)}
+
+
+def sync_bn_job(out: Path, layout: list[str], cases: list[str]) -> Job:
+    specs = [f"{case}={','.join(map(str, SYNC_BN_CASES[case][0]))}:{str(SYNC_BN_CASES[case][1]).removeprefix('torch.')}"
+             for case in cases]
+    return run_launch(*layout, str(BIN / "sync_bn.py"), str(out), *specs, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def sync_bn_one_host(tmp_path_factory) -> tuple[Job, Path]:
+    out = tmp_path_factory.mktemp("sync-bn")
+    return sync_bn_job(out, ["--nproc", "3"], [case for case in SYNC_BN_CASES if case != "two hosts"]), out
+
+
+@pytest.mark.parametrize("case", list(SYNC_BN_CASES))
+def test_sync_batch_norm_normalizes_with_the_whole_global_batch(request, tmp_path, case: str) -> None:
     """A DDP script converted with ``nn.SyncBatchNorm.convert_sync_batchnorm``: torch's runs as a
     plain BatchNorm without a torch.distributed process group, so each rank normalized its own
     batch alone (only a warning said so). Ranks of 1, 2 and 3 images of different statistics
@@ -241,12 +254,13 @@ def test_sync_batch_norm_normalizes_with_the_whole_global_batch(request, tmp_pat
     memory and the hosts' ring, in runs of blocks of different lengths. A rank whose batch is
     empty adds nothing to the statistics, and its gradient of the input is empty. A float64
     model is normalized in float64, as torch's BatchNorm does (it was in float32: 1e-7 off)."""
-    layout = ["--nproc", "3"]
-    if where == "two hosts":
+    if case == "two hosts":
         layout = ["--hosts", "127.0.0.2:2,127.0.0.3:1", *request.getfixturevalue("sshd").launch_options()]
-    job = run_launch(*layout, str(BIN / "sync_bn.py"), str(tmp_path), ",".join(map(str, sizes)),
-                     str(dtype).removeprefix("torch."), timeout=60)
+        job, out = sync_bn_job(tmp_path, layout, [case]), tmp_path
+    else:
+        job, out = request.getfixturevalue("sync_bn_one_host")
     assert job.code == 0, job.output
+    sizes, dtype = SYNC_BN_CASES[case]
     norm = sync_bn.make_norm(dtype)
     batches = [sync_bn.batch(r, n, dtype) for r, n in enumerate(sizes)]
     tolerance = 1e-5 if dtype == torch.float32 else 1e-12
@@ -254,7 +268,7 @@ def test_sync_batch_norm_normalizes_with_the_whole_global_batch(request, tmp_pat
     (norm(x) * torch.cat([b[1] for b in batches])).sum().backward()
     want_x = x.grad.split(list(sizes))
     for rank in range(3):
-        got = torch.load(tmp_path / f"{rank}.pt")
+        got = torch.load(out / f"{case}-{rank}.pt")
         assert got["x.grad"].dtype == dtype, rank
         assert torch.allclose(got["x.grad"], want_x[rank], atol=tolerance, rtol=0), rank
         assert torch.allclose(got["weight.grad"], norm.weight.grad / 3, atol=tolerance, rtol=0), rank

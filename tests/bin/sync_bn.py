@@ -1,8 +1,8 @@
 """One training step of an ``nn.SyncBatchNorm`` (converted as for DDP) on batches of different
-sizes and statistics: ``sync_bn.py OUT_DIR [SIZES [DTYPE]]`` (images per rank, by default 1,2,3;
-float32 unless DTYPE says float64).
+sizes and statistics, for each case of ``sync_bn.py OUT_DIR NAME=SIZES:DTYPE...`` (images per
+rank, and float32 or float64), one after another in one job.
 Each rank saves its input's gradient, its parameters' (averaged) gradients and its running
-statistics to ``OUT_DIR/RANK.pt``; the test compares them with one ``nn.BatchNorm2d`` on
+statistics to ``OUT_DIR/NAME-RANK.pt``; the test compares them with one ``nn.BatchNorm2d`` on
 every rank's batch at once."""
 
 import sys
@@ -33,16 +33,18 @@ def batch(rank: int, images: int, dtype: torch.dtype = torch.float32) -> tuple[t
 def main() -> None:
     macfleet.init()
     rank = macfleet.rank()
-    dtype = getattr(torch, sys.argv[3]) if len(sys.argv) > 3 else torch.float32
-    net = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(make_norm(dtype)))
-    model = macfleet.DataParallel(net)
-    sizes = [int(n) for n in (sys.argv[2] if len(sys.argv) > 2 else "1,2,3").split(",")]
-    x, weights = batch(rank, sizes[rank], dtype)
-    x.requires_grad_(True)
-    (model(x) * weights).sum().backward()
-    norm = net[0]
-    torch.save({"x.grad": x.grad, "weight.grad": norm.weight.grad, "bias.grad": norm.bias.grad,
-                "running_mean": norm.running_mean, "running_var": norm.running_var}, f"{sys.argv[1]}/{rank}.pt")
+    for case in sys.argv[2:]:
+        name, spec = case.split("=")
+        sizes, dtype = [int(n) for n in spec.split(":")[0].split(",")], getattr(torch, spec.split(":")[1])
+        net = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(make_norm(dtype)))
+        model = macfleet.DataParallel(net)
+        x, weights = batch(rank, sizes[rank], dtype)
+        x.requires_grad_(True)
+        (model(x) * weights).sum().backward()
+        norm = net[0]
+        torch.save({"x.grad": x.grad, "weight.grad": norm.weight.grad, "bias.grad": norm.bias.grad,
+                    "running_mean": norm.running_mean, "running_var": norm.running_var},
+                   f"{sys.argv[1]}/{name}-{rank}.pt")
 
 
 if __name__ == "__main__":
