@@ -296,8 +296,8 @@ def test_a_shared_memory_object_a_killed_rank_held_is_released() -> None:
 def test_a_rank_that_finishes_early_is_named_without_waiting_for_the_stall_timeout(mode: str) -> None:
     """Rank 2 shuts down cleanly while ranks 0 and 1 still all-reduce: they would wait forever
     (or, before, until twice the 60 s stall timeout, blamed on the network). With ``os-exit``
-    it ends by os._exit(0), which says no goodbye (that names its last collective): still
-    blamed on the network, after twice the stall timeout."""
+    it ends by os._exit(0), which says no goodbye (that names its last collective); that too
+    was blamed on the network, after twice the stall timeout."""
     job = run_launch("--nproc", "3", BEHAVE, "2", mode, timeout=60)
     assert job.code != 0 and "finished" not in job.stdout, job.output
     root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
@@ -307,7 +307,9 @@ def test_a_rank_that_finishes_early_is_named_without_waiting_for_the_stall_timeo
         assert re.search(r"rank [01] waits in all_reduce \(op \d+\) for rank 2 \(localhost\), which exited \(code 0\) "
                          r"without leaving the job: os._exit\(\) skips macfleet's exit", root), root
     assert "training steps" not in root and "network" not in root, root
-    assert job.seconds < 15
+    # well inside the stall timeout, start included: three ranks' start took 15.5 s once, in a
+    # run of 3 test workers on the 2-core machine (5-8 s in CI)
+    assert job.seconds < 30
 
 
 def test_a_rank_that_never_joins_is_named_without_waiting_for_the_rendezvous_timeout() -> None:
