@@ -225,15 +225,17 @@ def test_a_forward_without_autograd_on_rank_0_alone_needs_no_other_rank(dp_job) 
     assert job.code == 0 and (out / "validate-alone.pt").exists(), job.output
 
 
-# Each case of a rank's images and dtype; those on one host run in one job (each a 3-rank job
-# of its own was about 8 s of the suite).
+# Each case: the images of each rank, and the dtype. Those on one host run in one job (a 3-rank
+# job each was about 8 s of CPU, most of it importing torch).
 SYNC_BN_CASES = {"one host": ((1, 2, 3), torch.float32), "two hosts": ((1, 2, 3), torch.float32),
                  "a rank without images": ((0, 2, 3), torch.float32), "float64": ((1, 2, 3), torch.float64)}
 
 
 def sync_bn_job(out: Path, layout: list[str], cases: list[str]) -> Job:
-    specs = [f"{case}={','.join(map(str, SYNC_BN_CASES[case][0]))}:{str(SYNC_BN_CASES[case][1]).removeprefix('torch.')}"
-             for case in cases]
+    specs = []
+    for case in cases:
+        sizes, dtype = SYNC_BN_CASES[case]
+        specs.append(f"{case}={','.join(map(str, sizes))}:{str(dtype).removeprefix('torch.')}")
     return run_launch(*layout, str(BIN / "sync_bn.py"), str(out), *specs, timeout=60)
 
 

@@ -443,8 +443,7 @@ def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, misma
     assert "returned" not in job.stdout, job.output
     root = job.stderr[job.stderr.index("root cause"):]
     assert "ProtocolError" in root, root
-    named = {"numel": "9", "rop": "max", "dtype": "int32", "kind": "all_gather", "save": "from checkpoint.save",
-             "gather": "9", "root": "from rank 2"}[mismatch]
+    named = {"numel": "9", "kind": "all_gather", "save": "from checkpoint.save", "gather": "9"}[mismatch]
     assert named in root.split("other ranks")[0], root
     # and where each went: the report lines up the ranks' last collectives with the lines that called them
     made = root[root.index("last collectives of each rank"):]
