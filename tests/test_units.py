@@ -1146,6 +1146,16 @@ def test_a_collective_the_last_rank_has_just_joined_is_no_stall() -> None:
     assert any("stall: rank 1 (mac1) made no progress" in line for line in logged), logged
 
 
+def _rank_0_beats_until(coord: Any, ranks: list[Any], logged: list[str], ends: float, every_s: float) -> None:
+    """Rank 0 beats on time, out of any collective, every ``every_s`` until ``ends`` or until a
+    stall is logged."""
+    from macfleet.protocol import BEAT
+
+    while not any("stall:" in line for line in logged) and time.monotonic() < ends:
+        ranks[0].send(BEAT, progress=2, quiet_s=9.0, waiting=None)
+        coord.poll(every_s)
+
+
 def test_a_late_beat_from_a_rank_that_receives_data_does_not_make_its_source_a_stall() -> None:
     """Rank 1 waits in a broadcast whose data keeps arriving (its beat: the last bytes came 0.1 s
     ago), and its next beats are late, as on a loaded Mac; rank 0, the source, is in no
@@ -1159,16 +1169,11 @@ def test_a_late_beat_from_a_rank_that_receives_data_does_not_make_its_source_a_s
         def receiving(quiet_s: float, for_s: float) -> None:
             ranks[1].send(BEAT, progress=1, quiet_s=quiet_s, waiting={"op": "broadcast", "id": 2, "for_s": for_s})
 
-        def beats_until(ends: float) -> None:
-            while not any("stall:" in line for line in logged) and time.monotonic() < ends:
-                ranks[0].send(BEAT, progress=2, quiet_s=9.0, waiting=None)  # rank 0 beats on time
-                coord.poll(0.2)
-
         receiving(0.1, 1.5)
-        beats_until(time.monotonic() + 3 * HEARTBEAT_S)  # rank 1's beat is three beats old at the end
+        _rank_0_beats_until(coord, ranks, logged, time.monotonic() + 3 * HEARTBEAT_S, 0.2)  # rank 1's: 3 beats old
         assert not any("stall:" in line for line in logged) and coord.aborted is None, logged
         receiving(2.0, 4.5)  # nothing has come for 2 s: the broadcast is stuck
-        beats_until(time.monotonic() + 10)
+        _rank_0_beats_until(coord, ranks, logged, time.monotonic() + 10, 0.2)
         assert any("stall: rank 0 (mac0) made no progress" in line for line in logged), logged
 
 
@@ -1181,16 +1186,11 @@ def test_a_wait_that_ended_right_after_a_rank_s_beat_does_not_name_the_rank_it_w
     from macfleet.protocol import BEAT, HEARTBEAT_S
 
     with _registered_ranks(2) as (coord, ranks, logged):
-        def beats_until(ends: float) -> None:
-            while not any("stall:" in line for line in logged) and time.monotonic() < ends:
-                ranks[0].send(BEAT, progress=2, quiet_s=9.0, waiting=None)
-                coord.poll(0.1)
-
         ranks[1].send(BEAT, progress=0, quiet_s=9.0, waiting={"op": "all_reduce", "id": 1, "for_s": 0.3})
-        beats_until(time.monotonic() + 1.5 * HEARTBEAT_S)  # its next beat is late
+        _rank_0_beats_until(coord, ranks, logged, time.monotonic() + 1.5 * HEARTBEAT_S, 0.1)  # rank 1's next: late
         assert not any("stall:" in line for line in logged), logged
         ranks[1].send(BEAT, progress=0, quiet_s=9.0, waiting={"op": "all_reduce", "id": 1, "for_s": 1.9})
-        beats_until(time.monotonic() + 5)
+        _rank_0_beats_until(coord, ranks, logged, time.monotonic() + 5, 0.1)
         assert any("stall: rank 0 (mac0) made no progress" in line for line in logged), logged
 
 
