@@ -35,7 +35,8 @@ def main() -> None:
     rank = macfleet.rank()
     for case in sys.argv[2:]:
         name, spec = case.split("=")
-        sizes, dtype = [int(n) for n in spec.split(":")[0].split(",")], getattr(torch, spec.split(":")[1])
+        images, dtype_name = spec.split(":")
+        sizes, dtype = [int(n) for n in images.split(",")], getattr(torch, dtype_name)
         net = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(make_norm(dtype)))
         model = macfleet.DataParallel(net)
         x, weights = batch(rank, sizes[rank], dtype)
