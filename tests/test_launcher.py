@@ -17,15 +17,21 @@ import time
 
 import pytest
 from macfleet import openfiles
-from conftest import (BIN, bare_python, job_processes, kill_group, launch_command, run_launch, start_launch,
+from conftest import (BIN, Job, bare_python, job_processes, kill_group, launch_command, run_launch, start_launch,
                       wait_for_no_job_processes)
 from test_faults import behave_line
 
 BEHAVE = str(BIN / "behave.py")
 
 
-def test_success_exits_zero_and_prefixes_every_line_with_its_rank() -> None:
-    job = run_launch("--nproc", "3", BEHAVE, "-1", "none")
+@pytest.fixture(scope="module")
+def job_that_succeeds() -> Job:
+    """One job of three ranks that all finish, for the tests of what a user sees of one."""
+    return run_launch("--nproc", "3", BEHAVE, "-1", "none", timeout=60)
+
+
+def test_success_exits_zero_and_prefixes_every_line_with_its_rank(job_that_succeeds: Job) -> None:
+    job = job_that_succeeds
     assert job.code == 0, job.output
     for rank in range(3):
         assert f"[rank {rank}] ready" in job.stdout
@@ -514,10 +520,10 @@ def test_a_script_that_does_not_compile_is_shown_as_python_shows_it(tmp_path, ho
     assert "SyntaxError: '(' was never closed" in root and "bootstrap" not in root and "runpy" not in root, root
 
 
-def test_the_terminal_shows_only_rank_lines_and_macfleets_own() -> None:
+def test_the_terminal_shows_only_rank_lines_and_macfleets_own(job_that_succeeds: Job) -> None:
     """Every line a user sees is a rank's (prefixed) or the launcher's: the agent's store process
     used to add torch's import-time warning (no numpy installed) unprefixed, once per job."""
-    job = run_launch("--nproc", "2", BEHAVE, "-1", "none", timeout=60)
+    job = job_that_succeeds
     assert job.code == 0, job.output
     stray = [line for line in job.stderr.splitlines() if not line.startswith(("[rank ", "macfleet: "))]
     assert not stray, job.stderr
