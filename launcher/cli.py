@@ -98,8 +98,9 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
         raise click.UsageError(refused)
     if nproc is not None and (hosts or hostfile) and host_list == given and nproc not in (1, total):
         # Horovod's -np is a total, ours the slots of the hosts given without any: a silent no-op
+        ranks = f"{total} rank{'s' if total != 1 else ''}"
         raise click.UsageError(f"--nproc {nproc} gives the slots of hosts listed without any, and every host "
-                               f"has its own ({total} rank{'s' if total != 1 else ''} in all): drop --nproc, or a host's slots")
+                               f"has its own ({ranks} in all): drop --nproc, or a host's slots")
     data_addrs: tuple[str, ...] = ()
     if data_addr is not None:
         try:
