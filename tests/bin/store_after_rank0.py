@@ -13,11 +13,15 @@ import torch.distributed as dist
 
 dist.init_process_group("gloo")  # env://
 store = dist.distributed_c10d._get_default_store()
-rank = dist.get_rank()
+rank, world = dist.get_rank(), dist.get_world_size()
 if rank == 0:
     store.set("rank0_pid", str(os.getpid()))
+    # Until every rank is through init_process_group: gloo connects every pair of ranks there,
+    # and a rank still connecting to rank 0 when it goes fails ("Connection closed by peer").
+    store.wait([f"joined_{r}" for r in range(1, world)])
     sys.stdout.flush()
     os._exit(0)  # gone at once, with no teardown at all
+store.set(f"joined_{rank}", "yes")
 pid = int(store.get("rank0_pid"))
 deadline = time.monotonic() + 30
 while time.monotonic() < deadline:  # the test's "hosts" share one machine, so rank 0's pid is visible
