@@ -69,7 +69,7 @@ class DataParallel(nn.Module):
     ``broadcast_buffers`` at each forward, but its False, as there, still sends rank 0's buffers
     at the start; None means what it means there (True; for ``bucket_cap_mb``, 25);
     ``output_device``, ``dim``, ``init_sync``, ``check_reduction``, ``gradient_as_bucket_view``,
-    ``static_graph`` and ``batched_grad_copy`` change nothing. DDP's others (``mixed_precision``,
+    ``static_graph``, ``batched_grad_copy`` and ``lazy_bucket_allocation`` change nothing. DDP's others (``mixed_precision``,
     ``device_mesh``, ...) given other than DDP's default are a ``ConfigError`` that says what to
     do instead.
     """

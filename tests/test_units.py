@@ -904,7 +904,7 @@ def test_ddp_s_device_ids_move_the_inputs_to_the_model_and_nonsense_is_named() -
 
 
 def test_ddp_s_other_options_say_what_to_do_instead_unless_given_ddp_s_defaults() -> None:
-    """The rest of DDP's signature (torch 2.13): a ported line that passed one of them got
+    """The rest of DDP's signature (torch 2.15): a ported line that passed one of them got
     Python's "unexpected keyword argument", which says nothing of what to do on a Mac."""
     import inspect
 
@@ -918,6 +918,7 @@ def test_ddp_s_other_options_say_what_to_do_instead_unless_given_ddp_s_defaults(
     rest = {name: p.default for name, p in ddp.items() if name not in ours}
     refuse_ddp_only(rest)  # DDP's defaults, spelled out: taken (a name a newer torch adds fails here first)
     refuse_ddp_only({"batched_grad_copy": True})  # a speed-up of DDP's copies, which DataParallel does not make
+    refuse_ddp_only({"lazy_bucket_allocation": True})  # frees DDP's copies of the gradients: there are none here
     for name, value, advice in [("mixed_precision", object(), "torch.autocast"), ("device_mesh", object(), "whole"),
                                 ("bucket_cap_mb_list", [1, 25], "first_bucket_mb"),
                                 ("delay_all_reduce_named_params", [], "holds no parameter back"),
