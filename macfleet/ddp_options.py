@@ -8,9 +8,9 @@ one a consistent DDP script names, and which on a Mac is the GPU whatever ``loca
 (a CUDA script's ``device_ids=[1]`` on a Mac's second rank means its GPU, not a second one).
 ``output_device``, ``dim``, ``gradient_as_bucket_view`` (the gradients are the buckets' views
 anyway), ``static_graph``, ``init_sync`` (every rank starts from rank 0's parameters anyway),
-``check_reduction``, ``batched_grad_copy`` and ``lazy_bucket_allocation`` (torch 2.15: DDP frees its
-buckets, which are copies of the gradients, after backward; DataParallel's buckets are the
-gradients, with no copy to free) change nothing. A ``process_group`` is refused:
+``check_reduction``, ``batched_grad_copy`` and ``lazy_bucket_allocation`` (torch 2.15: DDP
+frees its buckets, which are copies of the gradients, after backward; DataParallel's buckets
+are the gradients, with no copy to free) change nothing. A ``process_group`` is refused:
 DataParallel averages over the macfleet job, and a group of torch.distributed's is no subset of
 it; DDP's other options say what to do instead (``refuse_ddp_only``). (``forward_sync_buffers``,
 torch 2.13's name for ``broadcast_buffers`` at each forward, whose False keeps the buffers' sync
@@ -54,8 +54,8 @@ DDP_DEFAULTS = {"skip_all_reduce_unused_params": False, "batched_grad_copy": Fal
 def refuse_ddp_only(options: dict[str, Any]) -> None:
     """Raise for a DDP option that DataParallel does not take, unless it is given DDP's default
     (a ported line may spell those out); ``batched_grad_copy`` and ``lazy_bucket_allocation``
-    change nothing, whatever they are given. A name DDP does
-    not have either is a TypeError, as Python's for any other unknown keyword."""
+    change nothing, whatever they are given. A name DDP does not have either is a TypeError, as
+    Python's for any other unknown keyword."""
     for name, value in options.items():
         if name not in DDP_ONLY and name not in DDP_DEFAULTS:
             raise TypeError(f"DataParallel.__init__() got an unexpected keyword argument {name!r}")

@@ -69,9 +69,9 @@ class DataParallel(nn.Module):
     ``broadcast_buffers`` at each forward, but its False, as there, still sends rank 0's buffers
     at the start; None means what it means there (True; for ``bucket_cap_mb``, 25);
     ``output_device``, ``dim``, ``init_sync``, ``check_reduction``, ``gradient_as_bucket_view``,
-    ``static_graph``, ``batched_grad_copy`` and ``lazy_bucket_allocation`` change nothing. DDP's others (``mixed_precision``,
-    ``device_mesh``, ...) given other than DDP's default are a ``ConfigError`` that says what to
-    do instead.
+    ``static_graph``, ``batched_grad_copy`` and ``lazy_bucket_allocation`` change nothing.
+    DDP's others (``mixed_precision``, ``device_mesh``, ...) given other than DDP's default are a
+    ``ConfigError`` that says what to do instead.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = 25.0, first_bucket_mb: float = 1.0,
