@@ -85,6 +85,25 @@ def test_a_script_with_an_extension_built_with_nanobind_ends_without_its_leak_re
     assert "nanobind: leaked" not in job.output, job.output[-2000:]
 
 
+def test_a_module_imported_lazily_and_never_used_is_not_loaded_at_the_rank_s_end(tmp_path) -> None:
+    """Looking for nanobind's objects at a rank's end must not load a module that importlib's
+    LazyLoader holds back: any attribute of it runs its code."""
+    script = tmp_path / "lazy_user.py"
+    script.write_text(
+        "import importlib.util, sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "open(sys.path[0] + '/lazy_heavy.py', 'w').write('print(\"lazy_heavy was loaded\")')\n"
+        "spec = importlib.util.find_spec('lazy_heavy')\n"
+        "spec.loader = importlib.util.LazyLoader(spec.loader)\n"
+        "sys.modules['lazy_heavy'] = module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "print('registered lazily')\n")
+    job = run_launch("--nproc", "1", str(script), timeout=60)
+    assert job.code == 0, job.output
+    assert "registered lazily" in job.output
+    assert "lazy_heavy was loaded" not in job.output
+
+
 def test_a_rank_killed_by_a_signal_is_reported_by_name() -> None:
     job = run_launch("--nproc", "2", BEHAVE, "0", "sigkill", timeout=60)
     assert job.code == 128 + signal.SIGKILL, job.output

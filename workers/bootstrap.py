@@ -249,9 +249,13 @@ def _nanobind_loaded() -> bool:
     whose metaclass is nanobind's). Extension modules only: 5 ms with torch's 2,000 modules."""
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     for module in list(sys.modules.values()):
-        if not str(getattr(module, "__file__", None) or "").endswith(suffixes):
+        try:  # past the module's own attribute lookup: one of importlib's LazyLoader would load now
+            namespace = object.__getattribute__(module, "__dict__")
+        except AttributeError:
+            continue  # None (an import blocked), or some object without attributes of its own
+        if not str(namespace.get("__file__") or "").endswith(suffixes):
             continue
-        for value in list(getattr(module, "__dict__", {}).values()):
+        for value in list(namespace.values()):
             if "nanobind" in (getattr(type(value), "__module__", None), getattr(type(type(value)), "__module__", None)):
                 return True
     return False
