@@ -88,11 +88,10 @@ def test_a_script_with_an_extension_built_with_nanobind_ends_without_its_leak_re
 def test_a_module_imported_lazily_and_never_used_is_not_loaded_at_the_rank_s_end(tmp_path) -> None:
     """Looking for nanobind's objects at a rank's end must not load a module that importlib's
     LazyLoader holds back: any attribute of it runs its code."""
-    script = tmp_path / "lazy_user.py"
+    (tmp_path / "lazy_heavy.py").write_text("print('lazy_heavy was loaded')\n")
+    script = tmp_path / "lazy_user.py"  # its folder is on sys.path, as the script's folder always is
     script.write_text(
         "import importlib.util, sys\n"
-        f"sys.path.insert(0, {str(tmp_path)!r})\n"
-        "open(sys.path[0] + '/lazy_heavy.py', 'w').write('print(\"lazy_heavy was loaded\")')\n"
         "spec = importlib.util.find_spec('lazy_heavy')\n"
         "spec.loader = importlib.util.LazyLoader(spec.loader)\n"
         "sys.modules['lazy_heavy'] = module = importlib.util.module_from_spec(spec)\n"
