@@ -147,7 +147,8 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, show_envvar=True,
               help="Base seed; rank r seeds its generators with seed + r.")
 @click.option("--memory-fraction", type=click.FloatRange(0.0, 1.0, min_open=True), default=None, show_envvar=True,
-              help="Each process's share of its GPU's memory [default: 0.9 / processes per host].")
+              help="Each process's share of its GPU's memory [default: 0.9 / the processes on that GPU; "
+                   "a process alone on its GPU: no cap].")
 @click.option("--heartbeat-timeout", type=click.FloatRange(min=1.0), default=10.0, show_default=True,
               show_envvar=True, help="Seconds without a heartbeat before a rank or host counts as lost.")
 @click.option("--stall-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True, show_envvar=True,

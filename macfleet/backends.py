@@ -78,6 +78,11 @@ class Device:
     def apply_memory_fraction(self, fraction: float | None) -> None:
         return None  # host memory is not partitioned
 
+    def processes_on_it(self, local_world_size: int) -> int:
+        """How many of this host's ``local_world_size`` ranks share this device's memory: all
+        of them (a Mac has one GPU, and the host one memory)."""
+        return local_world_size
+
     def seed(self, seed: int) -> None:
         # torch.manual_seed seeds the CPU generator and every device generator (CUDA and MPS).
         torch.manual_seed(seed)
@@ -144,6 +149,10 @@ class CudaDevice(Device):
         torch.cuda.set_device(self.index)
         if fraction:
             torch.cuda.set_per_process_memory_fraction(float(fraction), self.index)
+
+    def processes_on_it(self, local_world_size: int) -> int:
+        # local ranks take the GPUs in turn (``select``): this one has ranks index, index + count, ...
+        return len(range(self.index, local_world_size, torch.cuda.device_count()))
 
     def rng_state(self) -> dict[str, Any]:
         return {**super().rng_state(), "device": torch.cuda.get_rng_state(self.index)}

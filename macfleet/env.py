@@ -21,7 +21,10 @@ MACFLEET_JOB_ID                    job identity; every message carries it
 MACFLEET_RESTART_COUNT             restart round, 0 for the first
 MACFLEET_DEVICE                    ``auto`` (mps, then cuda, then cpu), ``mps``, ``cuda``, ``cpu``
 MACFLEET_SEED                      base seed; rank r seeds its generators with seed + r
-MACFLEET_MEMORY_FRACTION           this process's share of the GPU's memory (0 = no cap)
+MACFLEET_MEMORY_FRACTION           this process's share of its GPU's memory (0 = no cap). Set by
+                                   the agent where ``--memory-fraction`` was given; otherwise
+                                   ``macfleet.init`` sets it to ``shared_memory_fraction`` of the
+                                   processes on the rank's device (unset for a process alone)
 MACFLEET_ERROR_FILE                where an uncaught exception is written as JSON
 MACFLEET_STACKS_FILE               where faulthandler dumps the rank's stacks when its agent asks
                                    (SIGUSR2): a rank that holds the GIL for good cannot answer
@@ -82,6 +85,13 @@ from typing import Mapping
 from macfleet.errors import ConfigError
 
 DEVICES = ("auto", "mps", "cuda", "cpu")
+
+
+def shared_memory_fraction(processes: int) -> float | None:
+    """Each process's share of a GPU's memory by default, where ``processes`` share the GPU:
+    0.9 of it split evenly, the rest left to the system (a Mac's GPU memory is the machine's).
+    None, no cap, for a process that has its GPU to itself."""
+    return round(0.9 / processes, 4) if processes > 1 else None
 
 
 @dataclass(frozen=True)

@@ -430,6 +430,9 @@ def test_with_min_hosts_the_job_starts_on_the_hosts_it_can_reach(sshd) -> None:
     seen = [(host, json.loads(text)) for host, text in re.findall(r"\[rank \d (\S+)\] ENV (.*)", job.stdout)]
     assert sorted((host, env["RANK"], env["WORLD_SIZE"]) for host, env in seen) == \
         [("127.0.0.2", "0", "3"), ("127.0.0.3", "1", "3"), ("127.0.0.3", "2", "3")], job.stdout
+    # the default share is per host: the two ranks of 127.0.0.3 share its GPU, 127.0.0.2's is uncapped
+    assert sorted((env["RANK"], env["MACFLEET_MEMORY_FRACTION"]) for _, env in seen) == \
+        [("0", None), ("1", "0.45"), ("2", "0.45")], job.stdout
     fewer = run_launch(*hosts, "--min-hosts", "3", BEHAVE, "-1", "none", timeout=90)
     assert fewer.code != 0 and "ready" not in fewer.stdout, fewer.output
     cause = fewer.stderr[fewer.stderr.index("root cause"):]
@@ -801,7 +804,8 @@ def test_a_cwd_and_python_in_the_home_directory_are_each_host_s_own(sshd) -> Non
 
 def test_environment_and_working_directory_reach_remote_ranks(sshd, tmp_path) -> None:
     job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(), "--env", "EXTRA_ONE=a b'c",
-                     "--cwd", str(tmp_path), BEHAVE, "-1", "env", env={"MACFLEET_TEST_FORWARDED": "yes"})
+                     "--cwd", str(tmp_path), "--memory-fraction", "0.3", BEHAVE, "-1", "env",
+                     env={"MACFLEET_TEST_FORWARDED": "yes"})
     assert job.code == 0, job.output
     seen = [json.loads(line.split(" ENV ", 1)[1]) for line in job.stdout.splitlines() if " ENV " in line]
     assert len(seen) == 2
@@ -810,6 +814,8 @@ def test_environment_and_working_directory_reach_remote_ranks(sshd, tmp_path) ->
         assert fields["EXTRA_ONE"] == "a b'c"  # --env, quoted safely through the remote shell
         assert fields["cwd"] == str(tmp_path)
         assert fields["MACFLEET_JOB_SECRET"] is None
+        # a share given is taken as given, though each rank is alone on its host (and GPU)
+        assert fields["MACFLEET_MEMORY_FRACTION"] == fields["PYTORCH_MPS_HIGH_WATERMARK_RATIO"] == "0.3"
         assert fields["rings"] == [[0, 1]]  # one rank per host: the hosts' ring alone, not a second of all ranks
 
 

@@ -35,6 +35,7 @@ import zmq
 from macfleet import netaddr, openfiles, protocol, segments, sources
 from macfleet.commands import module_command
 from macfleet.control import ControlClient
+from macfleet.env import shared_memory_fraction
 from macfleet.lines import WholeLines, ends_line, forward_nowhere, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
 from macfleet.workers import dumps
@@ -206,11 +207,13 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addrs: list[str], main_ifa
         "MACFLEET_JOB_SECRET": spec.secret_hex,
         "PYTHONUNBUFFERED": "1",  # stream lines live, not at exit
     })
-    fraction = spec.memory_fraction
-    if fraction is None and spec.slots > 1:
-        fraction = round(0.9 / spec.slots, 4)  # processes on one host share its GPU
+    # Without --memory-fraction each rank works out its own share at init, from the processes
+    # on its device: only a rank knows how many GPUs it sees (a CUDA host may have several,
+    # one process each). A Mac has one GPU, which all of its ranks share.
+    if spec.memory_fraction is not None:
+        env["MACFLEET_MEMORY_FRACTION"] = str(spec.memory_fraction)
+    fraction = spec.memory_fraction if spec.memory_fraction is not None else shared_memory_fraction(spec.slots)
     if fraction is not None:
-        env["MACFLEET_MEMORY_FRACTION"] = str(fraction)
         # Read once by torch at the first MPS allocation, so they must be set before the child
         # starts; the low watermark moves with the high one (mps-facts.md section 2).
         env.setdefault("PYTORCH_MPS_HIGH_WATERMARK_RATIO", str(fraction))

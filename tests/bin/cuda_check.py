@@ -16,6 +16,7 @@ MPS (``Device.copies_from_training_thread``).
 import copy
 import gc
 import json
+import os
 import sys
 import time
 
@@ -239,14 +240,20 @@ macfleet.empty_cache()
 after = macfleet.memory()
 out["memory_reported"] = held["allocated"] - before["allocated"] >= 64 << 20 and held["reserved"] >= held["allocated"]
 out["cache_given_back"] = cached["reserved"] - after["reserved"] >= 64 << 20
-# memory fraction: asking for more than this process's share must fail
+# memory fraction: asking for more than this process's share must fail. By default the share is
+# 0.9 over the ranks on this GPU (ranks take a host's GPUs in turn): one rank alone is uncapped.
 total = torch.cuda.get_device_properties(dev).total_memory
-out["memory_fraction_env"] = float(__import__("os").environ.get("MACFLEET_MEMORY_FRACTION", "0"))
+out["memory_fraction_env"] = float(os.environ.get("MACFLEET_MEMORY_FRACTION", "0"))
+on_this_gpu = len([r for r in range(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+                   if r % torch.cuda.device_count() == dev.index])
 try:
     big = torch.empty(int(total * 0.6), dtype=torch.uint8, device=dev)
     out["over_share_allocation"] = "allowed"
     del big
 except torch.OutOfMemoryError:
     out["over_share_allocation"] = "refused"
+out["memory_share_by_ranks_on_gpu"] = (
+    out["memory_fraction_env"] == (0.0 if on_this_gpu == 1 else round(0.9 / on_this_gpu, 4))
+    and out["over_share_allocation"] == ("allowed" if on_this_gpu == 1 else "refused"))
 print("CUDA " + json.dumps(out), flush=True)
 macfleet.shutdown()
