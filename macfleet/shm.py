@@ -641,18 +641,23 @@ def default_slot_bytes(ranks: int, cache_bytes: int | None = None, cores: int | 
     of two nearest to what puts the segment in half that cache. It is at most what was
     measured best where the cache holds any segment (benchmarks/device_run.sh slots, 16 cores,
     300 MiB L3): 16 MiB up to 4 ranks, where fewer rounds matter most, and 4 MiB from 8 on
-    (1.3x faster than 16 at 256 MiB). And it is at least 1 MiB per core of the rank's share of
-    ``cores``: each round's torch calls wake the rank's OpenMP team (150-200 us a round at 8
-    threads there), so a rank of many threads needs rounds long enough to pay for them. On
-    the project's 2-core machine (32 MiB L3, one thread a rank) 2 MiB slots took 64 MiB in
-    11-17 ms against 18-22 ms with 16 MiB, and 1 MiB and 512 KiB were slower again
-    (benchmarks/results/2026-11-27-session44). Where the cache is not known, the largest."""
+    (1.3x faster than 16 at 256 MiB). On the project's 2-core machine (32 MiB L3, one thread a
+    rank) 2 MiB slots took 64 MiB in 11-17 ms against 18-22 ms with 16 MiB, and 1 MiB and 512
+    KiB were slower again (benchmarks/results/2026-11-27-session44). Where the cache is not
+    known, the largest.
+
+    Above all that, a rank of several threads gets at least 2 MiB per thread (its share of
+    ``cores``), up to 16 MiB: each round's torch calls wake the rank's OpenMP team (150-200 us
+    a round at 8 threads), so such a rank needs rounds long enough to pay for them. On 64
+    cores, 8 ranks of 8 threads moved 16-256 MiB at 0.9-1.6x gloo's speed in 4 MiB slots,
+    1.6-2.6x in 8 MiB and 2.4-2.7x in 16 MiB (benchmarks/results/2026-11-28-session59)."""
     largest = (16 << 20) if ranks <= 4 else (4 << 20)
+    threads = (cores or 1) // ranks
+    least = min(16 << 20, (2 << 20) * threads) if threads > 1 else 1 << 20
     if not cache_bytes:
-        return largest
+        return max(least, largest)
     nearest = 1 << max(0, round(math.log2(cache_bytes / (4 * (ranks + 1)))))
-    least = (1 << 20) * max(1, (cores or 1) // ranks)
-    return min(largest, max(least, nearest))
+    return max(least, min(largest, nearest))
 
 
 def shared_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:

@@ -382,7 +382,8 @@ def test_an_object_a_crash_left_is_released_with_its_directory(tmp_path) -> None
 def test_slots_fit_the_shared_cache_within_the_measured_bounds(ranks: int) -> None:
     """The slot is a power of two that puts the segment (two buffers of ranks + 1 slots) in
     about half the shared cache, never above the size measured best where the cache holds any
-    segment (16 MiB up to 4 ranks, 4 MiB beyond), nor under 1 MiB per core of a rank's share."""
+    segment (16 MiB up to 4 ranks, 4 MiB beyond), unless a rank has several cores: then never
+    under 2 MiB per core of its share, up to 16 MiB."""
     MiB = 1 << 20
     largest = 16 * MiB if ranks <= 4 else 4 * MiB
     assert shm.default_slot_bytes(ranks) == largest  # nothing known of the cache
@@ -393,7 +394,9 @@ def test_slots_fit_the_shared_cache_within_the_measured_bounds(ranks: int) -> No
         if MiB < slot < largest:
             assert cache / 2 / 2 ** 0.5 <= 2 * (ranks + 1) * slot <= cache / 2 * 2 ** 0.5, (cache, slot)
         many = shm.default_slot_bytes(ranks, cache, 16 * ranks)  # 16 cores a rank: rounds of 16 MiB at least
-        assert many == largest
+        assert many == 16 * MiB
+        assert shm.default_slot_bytes(ranks, cache, 3 * ranks) == max(slot, 6 * MiB)  # 3 cores a rank: 6 MiB
+    assert shm.default_slot_bytes(ranks, None, 8 * ranks) == 16 * MiB  # the cache unknown, as on a Mac
 
 
 def test_the_shared_cache_is_the_largest_that_several_cores_share(tmp_path) -> None:
