@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batch of measurements on the device machine (CUDA standing in for Metal, 16 cores).
 # Usage there: bash benchmarks/device_run.sh PART   (PART: allreduce | gpu | join | join-cost | train | all; tuning: slots | chunks | parts)
-# For the NCCL ceiling (one process per GPU), on a 2-GPU machine: bash benchmarks/device_run.sh nccl
+# For the NCCL ceiling (one process per GPU), on a machine of several GPUs: bash benchmarks/device_run.sh nccl
 # NPROCS="2 4" picks the rank counts of allreduce (8 alone fits the 10-minute limit); THREADS="4 2 1" the
 # threads per rank of train's CPU runs.
 set -u
@@ -73,7 +73,9 @@ if [ "$part" = train ] || [ "$part" = all ]; then
   done
   python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2,4 --device cuda --steps 30 --json $OUT/train_cuda.json
 fi
-if [ "$part" = nccl ]; then
-  python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2 --device cuda --steps 30 --ddp-backend nccl --json $OUT/train_nccl.json
-  python3 $REPO/benchmarks/train_throughput.py --nprocs 1,2 --device cuda --steps 30 --json $OUT/train_gloo_2gpu.json
+if [ "$part" = nccl ]; then  # 1, 2, 4... processes, up to one per GPU
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  counts=$(python3 -c "import sys; n = int(sys.argv[1]); print(','.join(str(1 << k) for k in range(n.bit_length()) if 1 << k <= n))" "$gpus")
+  python3 $REPO/benchmarks/train_throughput.py --nprocs $counts --device cuda --steps 30 --ddp-backend nccl --json $OUT/train_nccl_${gpus}gpu.json
+  python3 $REPO/benchmarks/train_throughput.py --nprocs $counts --device cuda --steps 30 --json $OUT/train_gloo_${gpus}gpu.json
 fi

@@ -650,7 +650,7 @@ def default_slot_bytes(ranks: int, cache_bytes: int | None = None, cores: int | 
     ``cores``), up to 16 MiB: each round's torch calls wake the rank's OpenMP team (150-200 us
     a round at 8 threads), so such a rank needs rounds long enough to pay for them. On 64
     cores, 8 ranks of 8 threads moved 16-256 MiB at 0.9-1.6x gloo's speed in 4 MiB slots,
-    1.6-2.6x in 8 MiB and 2.4-2.7x in 16 MiB (benchmarks/results/2026-11-28-session59)."""
+    1.6-2.6x in 8 MiB and 2.3-2.7x in 16 MiB (benchmarks/results/2026-11-28-session59)."""
     largest = (16 << 20) if ranks <= 4 else (4 << 20)
     threads = (cores or 1) // ranks
     least = min(16 << 20, (2 << 20) * threads) if threads > 1 else 1 << 20
