@@ -2,13 +2,13 @@
 # Session 59, part 7 (64 cores): where a rank of the large model's DataParallel job spends its step, N=4 of 4 threads.
 set -u
 OUT=${OUT:-/tmp/out}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .whl/prof/*.whl \
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site . \
   || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 REPO=$(pwd)
 mkdir -p /tmp/run && cd /tmp/run
-SPY=$(find /tmp/site -name py-spy -type f | head -1); echo "py-spy: $SPY"
+python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy $REPO/.whl/prof/*.whl; SPY=/tmp/pyspy/bin/py-spy; ls -la $SPY
 mf() { python3 -m macfleet.launcher.cli "$@"; }
 mf launch --nproc 4 $REPO/.exp/large_loop.py bare 100 2>&1 | grep "rank 0" | tail -2
 mf launch --nproc 4 $REPO/.exp/large_loop.py dp 450 > $OUT/dp.log 2>&1 &
