@@ -210,9 +210,11 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addrs: list[str], main_ifa
     # Without --memory-fraction each rank works out its own share at init, from the processes
     # on its device: only a rank knows how many GPUs it sees (a CUDA host may have several,
     # one process each). A Mac has one GPU, which all of its ranks share.
-    if spec.memory_fraction is not None:
-        env["MACFLEET_MEMORY_FRACTION"] = str(spec.memory_fraction)
-    fraction = spec.memory_fraction if spec.memory_fraction is not None else shared_memory_fraction(spec.slots)
+    fraction = spec.memory_fraction
+    if fraction is not None:
+        env["MACFLEET_MEMORY_FRACTION"] = str(fraction)
+    else:  # the MPS watermarks below: all of the host's ranks
+        fraction = shared_memory_fraction(spec.slots)
     if fraction is not None:
         # Read once by torch at the first MPS allocation, so they must be set before the child
         # starts; the low watermark moves with the high one (mps-facts.md section 2).
