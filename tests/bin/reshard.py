@@ -1,9 +1,11 @@
-"""``reshard.py save|load PATH``: a checkpoint written by a job of one size, loaded by another.
+"""``reshard.py MODE PATH [MODE PATH]``: a checkpoint written by a job of one size, loaded by another.
 
 ``save``: the model (seeded 1), an SGD step taken, and the sampler 7 samples into epoch 2 of
 120. ``load``: a model seeded otherwise loads it; every rank prints one JSON line with what
 it resumed: step, epoch, its sampler's first index and remaining length, and whether the
-parameters are the saved ones.
+parameters are the saved ones. ``load A save B`` does both in one job, in that order (a
+rank's start is mostly importing torch), so that one job reads one size's checkpoint and
+writes its own.
 """
 
 import json
@@ -20,17 +22,18 @@ def make(seed):
     return nn.Linear(6, 3)
 
 
-mode, path = sys.argv[1], sys.argv[2]
-macfleet.init()
-sampler = macfleet.DistributedSampler(120, shuffle=True, seed=5)
-if mode == "save":
+def save(path):
+    sampler = macfleet.DistributedSampler(120, shuffle=True, seed=5)
     model = make(1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.ones(2, 6)).sum().backward()
     opt.step()
     sampler.set_epoch(2)
     macfleet.checkpoint.save(path, model, opt, step=7, epoch=2, sampler=sampler, sampler_consumed=7)
-else:
+
+
+def load(path):
+    sampler = macfleet.DistributedSampler(120, shuffle=True, seed=5)
     model = make(2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     resumed = macfleet.checkpoint.load(path, model, opt, sampler)
@@ -44,4 +47,9 @@ else:
     same = all(torch.allclose(a, b) for a, b in zip(model.parameters(), saved.parameters()))
     print(json.dumps({"rank": macfleet.rank(), "step": resumed.step, "epoch": resumed.epoch, "left": len(sampler),
                       "params": same, "momentum": bool(opt.state)}), flush=True)
+
+
+macfleet.init()
+for mode, path in zip(sys.argv[1::2], sys.argv[2::2], strict=True):
+    {"save": save, "load": load}[mode](path)
 macfleet.shutdown()
