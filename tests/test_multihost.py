@@ -527,7 +527,7 @@ def test_a_launcher_paused_for_longer_than_a_heartbeat_timeout_does_not_stop_the
     an agent now waits two timeouts, and the launcher does not count time it did not run."""
     stop = tmp_path / "stop"
     proc, _ = start_launch("--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(), "--heartbeat-timeout", "3",
-                           str(BIN / "steady.py"), str(stop), ready="ENDPOINTS", ranks=2)
+                           str(BIN / "steady.py"), str(stop), "0.05", ready="ENDPOINTS", ranks=2)
     try:
         os.kill(proc.pid, signal.SIGSTOP)  # the launcher alone; the hosts' agents and ranks run on
         time.sleep(4)  # the pause itself: nothing to wait for but the clock
