@@ -97,9 +97,10 @@ PATHS = {
 @settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case_list=VARIED_CASE_LISTS)
 def test_collectives_are_exact(tmp_path, path: str, case_list: list[dict]) -> None:
-    """On the paths that have fixed cases (``FIXED_JOBS``, below) they run first in the same job:
-    a start of three or four ranks is 6-10 s of CPU on a 2-core machine, most of it importing
-    torch. The tests of those cases read the job, once it has passed, rather than start their own."""
+    """On the paths that have fixed cases (``FIXED_JOBS``, below), those run first in the job of
+    the drawn ones: a start of three or four ranks is 6-10 s of CPU on a 2-core machine, most of
+    it importing torch. The tests of the fixed cases read that job, once it has passed, rather
+    than start their own."""
     world, env, fixed = fixed_cases(path)
     job = run_cases(tmp_path, world, fixed + case_list, env)
     if fixed:
