@@ -214,6 +214,17 @@ def test_parameters_and_inference_tensors_are_reduced_in_place(fixed_cases_job, 
     fixed_cases_job(path)  # every case exact on every rank
 
 
+def test_broadcasts_over_sockets_in_uneven_pieces_are_exact(tmp_path) -> None:
+    """A broadcast between Macs goes in pieces of a sixteenth of the tensor (256 KiB at least,
+    the chunk size at most): tensors that their pieces do not divide, from every source, with
+    the default chunk (the tiny-chunk paths above cut every broadcast at the chunk size)."""
+    run_cases(tmp_path, 3, [
+        {"kind": "broadcast", "dtype": dtype, "numel": numel, "seed": seed, "op": "sum", "src": seed % 3}
+        for seed, (dtype, numel) in enumerate([("float32", 1_500_007), ("float64", 70_001), ("int8", 5_000_001),
+                                               ("float32", 1_500_007), ("float16", 65_537), ("float32", 1_500_007)])
+    ], TCP)
+
+
 @settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case_list=VARIED_CASE_LISTS)
 def test_hierarchical_all_reduce_across_hosts_is_exact(sshd, tmp_path, case_list: list[dict]) -> None:
@@ -232,21 +243,13 @@ def test_broadcasts_from_every_rank_and_gathers_through_shared_memory(request, t
     announcements, which read as ranks in different collectives before that was allowed for.
     ``sockets only``: the ring of all five ranks, where a broadcast of up to 256 KiB goes both
     ways round it (the hosts' ring of three, above, takes that path too) and a larger one
-    (70001 floats) one way, in pieces. Between Macs a larger broadcast goes in pieces of a
-    sixteenth of the tensor (256 KiB at least, the chunk size at most): there, tensors that
-    their pieces do not divide, from every source, with the default chunk (the tiny-chunk paths
-    above cut every broadcast at the chunk size)."""
+    (70001 floats) one way, in pieces."""
     sizes = (("float32", 5000), ("int8", 3)) + ((("float32", 70001),) if where == "sockets only" else ())
     cases = [{"kind": "broadcast", "dtype": dtype, "numel": numel, "seed": src, "op": "sum", "src": src}
              for src in range(5) for dtype, numel in sizes]
     cases += [{"kind": "all_gather", "dtype": "float64", "numel": 2500, "seed": 9, "op": "sum", "src": 0}]
     cases += [{"kind": ("broadcast", "all_gather")[k % 2], "dtype": "float32", "numel": 1 + k % 7, "seed": k,
                "op": "sum", "src": k % 5} for k in range(300)]
-    if where == "sockets only":
-        cases += [{"kind": "broadcast", "dtype": dtype, "numel": numel, "seed": seed, "op": "sum", "src": seed % 5}
-                  for seed, (dtype, numel) in enumerate([("float32", 1_500_007), ("float64", 70_001),
-                                                         ("int8", 5_000_001), ("float32", 1_500_007),
-                                                         ("float16", 65_537), ("float32", 1_500_007)])]
     hosts = None
     if where == "three hosts":
         hosts = ["--hosts", "127.0.0.2:2,127.0.0.3:1,127.0.0.1:2", *request.getfixturevalue("sshd").launch_options()]

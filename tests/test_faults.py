@@ -634,6 +634,7 @@ def test_a_checkpoint_resumes_in_a_job_of_another_size(tmp_path) -> None:
     DDP users reload their state_dicts on any number of ranks. Now model, optimizer, step,
     epoch and the place in the epoch resume, and rank 0 says the run is no longer exact. Two
     ranks' checkpoint is resumed by three, and three's by two: the middle job does both."""
+
     def resumed(job: Job, before: int, after: int) -> None:
         assert job.code == 0, job.output
         rows = [json.loads(line.split("] ", 1)[1]) for line in job.stdout.splitlines() if '"rank"' in line]
