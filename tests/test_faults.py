@@ -52,11 +52,13 @@ class RunningJob:
 
 
 @pytest.fixture
-def job_of_three():
+def hanging_job():
+    """Start a job whose ranks all-reduce until stopped (two, unless ``ranks`` says; a rank's
+    start is about 2 s of CPU, most of it importing torch)."""
     jobs: list[RunningJob] = []
 
-    def start(*extra: str) -> RunningJob:
-        jobs.append(RunningJob("--nproc", "3", *extra, BEHAVE, "-1", "hang", ranks=3))
+    def start(*extra: str, ranks: int = 2) -> RunningJob:
+        jobs.append(RunningJob("--nproc", str(ranks), *extra, BEHAVE, "-1", "hang", ranks=ranks))
         return jobs[-1]
 
     yield start
@@ -64,8 +66,8 @@ def job_of_three():
         job.close()
 
 
-def test_a_rank_killed_mid_step(job_of_three) -> None:
-    job = job_of_three()
+def test_a_rank_killed_mid_step(hanging_job) -> None:
+    job = hanging_job()
     os.kill(job.pids[1], signal.SIGKILL)
     code, err, seconds = job.wait(30)
     assert code == 128 + signal.SIGKILL
@@ -73,8 +75,8 @@ def test_a_rank_killed_mid_step(job_of_three) -> None:
     assert seconds < 15
 
 
-def test_an_agent_killed(job_of_three) -> None:
-    job = job_of_three()
+def test_an_agent_killed(hanging_job) -> None:
+    job = hanging_job()
     agent = int(next(line for line in job_processes() if "macfleet.workers.agent" in line).split()[0])
     os.kill(agent, signal.SIGKILL)
     code, err, seconds = job.wait(30)
@@ -162,8 +164,8 @@ def _keeper_cat(rank_pid: int) -> int | None:
     return cats[0] if cats else None
 
 
-def test_a_stopped_rank_is_reported_then_aborted(job_of_three) -> None:
-    job = job_of_three("--heartbeat-timeout", "4")
+def test_a_stopped_rank_is_reported_then_aborted(hanging_job) -> None:
+    job = hanging_job("--heartbeat-timeout", "4", ranks=3)  # two ranks wait for it: the report names both
     os.kill(job.pids[2], signal.SIGSTOP)
     code, err, seconds = job.wait(30)
     assert code != 0
@@ -201,15 +203,15 @@ def test_a_live_rank_that_keeps_the_others_waiting_is_shown_where_it_is() -> Non
 def test_ranks_background_processes_neither_hold_up_the_job_nor_outlive_it(fail_rank: int) -> None:
     """Every rank starts a process that inherits its output streams and outlives it. The agent
     waited up to 2 s for each stream's end before it reported a rank's exit, sending no
-    heartbeat meanwhile: three ranks held it 12 s, and the job failed as "agent 0 sent no
-    heartbeat" (here with a 3 s timeout), whatever the ranks did. The exits must be reported
+    heartbeat meanwhile: three ranks held it 12 s (two, 8 s), and the job failed as "agent 0 sent
+    no heartbeat" (here with a 3 s timeout), whatever the ranks did. The exits must be reported
     with the failing rank's traceback whole, and the processes must end with the job."""
-    job = run_launch("--nproc", "3", "--heartbeat-timeout", "3", BEHAVE, str(fail_rank), "child", timeout=60)
+    job = run_launch("--nproc", "2", "--heartbeat-timeout", "3", BEHAVE, str(fail_rank), "child", timeout=60)
     children = [int(pid) for pid in re.findall(r"child pid=(\d+)", job.stdout)]
-    assert len(children) == 3, job.output
+    assert len(children) == 2, job.output
     assert "heartbeat" not in job.stderr, job.stderr
     if fail_rank < 0:
-        assert job.code == 0 and job.stdout.count("finished") == 3, job.output
+        assert job.code == 0 and job.stdout.count("finished") == 2, job.output
     else:
         cause = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
         assert job.code == 1 and "rank 1 (host localhost" in cause, job.stderr
@@ -521,10 +523,10 @@ def behave_line(text: str) -> int:
     return line_of(BEHAVE, text)
 
 
-def test_an_agent_told_to_stop_says_so_in_the_report(job_of_three) -> None:
+def test_an_agent_told_to_stop_says_so_in_the_report(hanging_job) -> None:
     """A host's agent that gets SIGTERM (its Mac's user logs out, the Mac shuts down) stops its
     ranks. The report said only "rank 0 was killed by SIGTERM", as if the script had been."""
-    job = job_of_three()
+    job = hanging_job()
     with open(f"/proc/{job.pids[0]}/stat") as f:
         agent = int(f.read().rsplit(")", 1)[1].split()[1])  # the rank's parent
     os.kill(agent, signal.SIGTERM)
