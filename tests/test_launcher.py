@@ -825,14 +825,14 @@ def test_a_job_whose_output_has_gone_still_ends_with_its_ranks_code(gone: str, t
 def test_log_dir_keeps_every_ranks_output_while_show_ranks_quiets_the_terminal(tmp_path) -> None:
     """Rank 1 fails in both attempts, hidden from the terminal: its log holds both attempts,
     unprefixed, and the report still names its error."""
-    job = run_launch("--nproc", "3", "--log-dir", "logs", "--show-ranks", "0,2", "--max-restarts", "1",
+    job = run_launch("--nproc", "2", "--log-dir", "logs", "--show-ranks", "0", "--max-restarts", "1",
                      BEHAVE, "1", "raise", cwd=str(tmp_path), timeout=90)
     assert job.code == 1, job.output
-    assert "[rank 0] ready" in job.stdout and "[rank 2] ready" in job.stdout
+    assert job.stdout.count("[rank 0] ready") == 2, job.stdout  # shown, in both attempts
     assert "[rank 1]" not in job.output.split("root cause")[0], job.output
     assert "ValueError: deliberate failure on rank 1" in job.stderr[job.stderr.index("root cause"):]
     assert f"each rank's output is also in {tmp_path / 'logs' / 'rank-K.log'}" in job.stderr
-    for rank in range(3):
+    for rank in range(2):
         log = (tmp_path / "logs" / f"rank-{rank}.log").read_text()
         headers = [line for line in log.splitlines() if line.startswith("--- macfleet job ")]
         assert [f"rank {rank} on localhost" in h for h in headers] == [True, True], log
