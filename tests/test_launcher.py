@@ -27,14 +27,15 @@ BEHAVE = str(BIN / "behave.py")
 
 @pytest.fixture(scope="module")
 def job_that_succeeds() -> Job:
-    """One job of three ranks that all finish, for the tests of what a user sees of one."""
-    return run_launch("--nproc", "3", BEHAVE, "-1", "none", timeout=60)
+    """One job of two ranks that all finish, each printing the environment it was given, for the
+    tests of what a user sees of one and of the environment contract."""
+    return run_launch("--nproc", "2", "--seed", "40", BEHAVE, "-1", "env", timeout=60)
 
 
 def test_success_exits_zero_and_prefixes_every_line_with_its_rank(job_that_succeeds: Job) -> None:
     job = job_that_succeeds
     assert job.code == 0, job.output
-    for rank in range(3):
+    for rank in range(2):
         assert f"[rank {rank}] ready" in job.stdout
         assert f"[rank {rank}] finished" in job.stdout
 
@@ -277,8 +278,8 @@ def test_ranks_get_the_width_of_the_launcher_s_terminal_less_their_prefix(tmp_pa
     assert piped.returncode == 0 and piped.stdout.count("SIZE (80, 24) None") == 2, piped.stdout
 
 
-def test_the_environment_contract_and_per_rank_seeds() -> None:
-    job = run_launch("--nproc", "2", "--seed", "40", BEHAVE, "-1", "env")
+def test_the_environment_contract_and_per_rank_seeds(job_that_succeeds: Job) -> None:
+    job = job_that_succeeds
     assert job.code == 0, job.output
     assert "Failed to initialize NumPy" not in job.stderr  # torch's warning where NumPy is absent, once a rank
     seen = {}

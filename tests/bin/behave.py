@@ -12,7 +12,8 @@ before ``macfleet.init()``, ``late``: call it only after ``BEHAVE_LATE_S`` (6 s)
 raise, as every rank leaves a background process holding its stdout and stderr, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
 (until stopped); in ``orphans`` FAIL_RANK starts a process and exits while the others
-hold the GIL for good; with ``hang-first`` only until a restart, which finishes. ``env`` prints the environment contract as this rank sees it.
+hold the GIL for good; with ``hang-first`` only until a restart, which finishes. ``env`` prints the environment contract as this rank sees it,
+then goes on as ``none``.
 In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
 others' by its size (``numel``) or kind (``kind``: an all-gather) or by being a ``checkpoint.save`` (the torch DDP habit of saving from one rank
 only); in ``gather`` every rank all-gathers, the others 8 numbers and these 9 (a collective of
@@ -85,9 +86,7 @@ if mode == "env":
     seen["rings"] = [ring.members for ring in runtime().collectives.rings]
     seen["python_random"] = random.random()
     seen["shares"] = macfleet.shares()
-    print("ENV " + json.dumps(seen))
-    macfleet.shutdown()
-    sys.exit(0)
+    print("ENV " + json.dumps(seen))  # then on as with ``none``: one job serves tests of both
 if mode == "child":  # a metrics service, say: it inherits the rank's output streams
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     print(f"child pid={child.pid}", flush=True)
