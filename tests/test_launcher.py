@@ -41,7 +41,7 @@ def test_success_exits_zero_and_prefixes_every_line_with_its_rank(job_that_succe
 
 
 def test_a_raising_rank_fails_the_job_with_its_traceback() -> None:
-    job = run_launch("--nproc", "3", BEHAVE, "1", "raise", timeout=60)
+    job = run_launch("--nproc", "2", BEHAVE, "1", "raise", timeout=60)
     assert job.code == 1
     report = job.stderr[job.stderr.index("root cause"):]
     assert "rank 1 (host localhost" in report.splitlines()[1]

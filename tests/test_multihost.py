@@ -240,12 +240,11 @@ def test_ranks_that_split_their_data_by_the_rank_on_their_mac_are_named(sshd) ->
 
 
 def test_the_torch_distributed_store_outlives_rank_0(sshd) -> None:
-    """Rank 0 leaves at once; ranks on the other host still reach the store afterwards."""
-    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:2", *sshd.launch_options(), str(BIN / "store_after_rank0.py"),
+    """Rank 0 leaves at once; the rank on the other host still reaches the store afterwards."""
+    job = run_launch("--hosts", "127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(), str(BIN / "store_after_rank0.py"),
                      timeout=60)
     assert job.code == 0, job.output
-    for rank in (1, 2):
-        assert f"[rank {rank} 127.0.0.3] store served rank {rank} after rank 0 left: yes" in job.stdout
+    assert "[rank 1 127.0.0.3] store served rank 1 after rank 0 left: yes" in job.stdout, job.output
 
 
 def test_hosts_with_different_versions_are_refused(sshd, tmp_path) -> None:
