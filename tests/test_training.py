@@ -29,8 +29,8 @@ def reference_parameters() -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-# Two ranks (a pair) and four; three, the ring of an odd number, is test_data_parallel's world,
-# where every case is held to this same oracle.
+# Two ranks and four; three is test_data_parallel's world, where every case is held to this
+# same oracle.
 @pytest.mark.parametrize("world", [2, 4])
 def test_sharded_training_matches_one_process_on_the_whole_batch(tmp_path, world: int) -> None:
     out = tmp_path / "params.pt"
