@@ -110,9 +110,10 @@ def advice(sampler: object, world_size: int) -> str:
     else:
         how = "each the same batches in the same order, so every rank's gradients are the same"
         fix = "sampler=macfleet.DistributedSampler(dataset, shuffle=False)"
+    every = "both ranks" if world_size == 2 else f"all {world_size} ranks"  # two Macs: the usual cluster
     return (f"rank 0 trains from a DataLoader whose {type(sampler).__name__} reads the whole dataset{size}, "
             f"and no DistributedSampler splits it among the ranks: unless each rank's dataset holds only its "
-            f"own part, all {world_size} ranks go through all of it every epoch ({how}), so an epoch takes as "
+            f"own part, {every} go through all of it every epoch ({how}), so an epoch takes as "
             f"long as on one process. Give the DataLoader {fix}, and call sampler.set_epoch(epoch) as each "
             f"epoch begins")
 
