@@ -113,9 +113,9 @@ def test_data_parallel_matches_the_whole_batch(dp_job, case: str) -> None:
         assert max((got[n] - want[n]).abs().max().item() for n in want) > 1e-6
 
 
-def failed(case: str, nproc: int = 2) -> tuple[Job, str]:
-    """Run a dp case that must fail; the job and its report from the root cause on."""
-    job = run_launch("--nproc", str(nproc), str(BIN / "dp_cases.py"), case, "/dev/null", timeout=60)
+def failed(case: str) -> tuple[Job, str]:
+    """Run a dp case that must fail, on two ranks; the job and its report from the root cause on."""
+    job = run_launch("--nproc", "2", str(BIN / "dp_cases.py"), case, "/dev/null", timeout=60)
     assert job.code != 0
     return job, job.stderr[job.stderr.index("root cause"):]
 

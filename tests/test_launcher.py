@@ -676,8 +676,8 @@ def test_the_rank_that_sets_the_pace_is_named_at_the_end(mode):
 def test_a_dataloader_worker_that_re_runs_the_script_is_told_to_use_a_main_guard() -> None:
     """A 'spawn' worker (macOS's default) re-runs a script that has no main guard, and its
     macfleet.init() used to take the rank for an orphan and SIGKILL the rank's whole group:
-    the report said only 'killed by SIGKILL'. (A rank of its own: the worker and the rank are
-    the same in every rank, and each start of either imports torch.)"""
+    the report said only 'killed by SIGKILL'. (One rank: every rank's worker does the same, and
+    each rank or worker started imports torch.)"""
     job = run_launch("--nproc", "1", str(BIN / "children.py"), "spawn", timeout=90)
     assert job.code == 1 and "finished" not in job.stdout, job.output
     root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]

@@ -22,8 +22,12 @@ def make(seed):
     return nn.Linear(6, 3)
 
 
+def new_sampler():
+    return macfleet.DistributedSampler(120, shuffle=True, seed=5)
+
+
 def save(path):
-    sampler = macfleet.DistributedSampler(120, shuffle=True, seed=5)
+    sampler = new_sampler()
     model = make(1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.ones(2, 6)).sum().backward()
@@ -33,7 +37,7 @@ def save(path):
 
 
 def load(path):
-    sampler = macfleet.DistributedSampler(120, shuffle=True, seed=5)
+    sampler = new_sampler()
     model = make(2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     resumed = macfleet.checkpoint.load(path, model, opt, sampler)
