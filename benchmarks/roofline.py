@@ -151,18 +151,29 @@ def main() -> None:
     parser.add_argument("--sizes", default="16M,64M,256M")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    try:
+        worlds = [int(x) for x in args.nprocs.split(",")]
+    except ValueError:
+        parser.error(f"--nprocs {args.nprocs}: not numbers of processes like 2,4,8")
+    try:
+        sizes = [(text, parse_size(text)) for text in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes {args.sizes}: not sizes like 16M,64M,256M")
+    if min(worlds) < 2:
+        parser.error(f"--nprocs {args.nprocs}: an all-reduce needs at least 2 processes")
+    if min(nbytes for _, nbytes in sizes) < 1 << 20:
+        parser.error(f"--sizes {args.sizes}: bounds are for sizes of 1M and more")
     cores = os.cpu_count() or 1
     rows = []
     print(f"roofline on {cores} cores (copy GB/s: read and written, all ranks; ceilings: bus bandwidth, GB/s)")
     print(f"{'N':>2} {'threads':>7} {'slot':>5} {'size':>5} {'copy ms':>8} {'copy GB/s':>9} {'shm ceiling':>11} "
           f"{'with slots':>10} {'tcp ceiling':>11}")
-    for n in (int(x) for x in args.nprocs.split(",")):
+    for n in worlds:
         threads = max(1, cores // n)
         os.environ.update(OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
         slot = default_slot_bytes(n, shared_cache_bytes(), cores)
         slot_s = max(together(copier, n, lambda i: (slot, max(10, (1 << 30) // slot)))) / max(10, (1 << 30) // slot)
-        for text in args.sizes.split(","):
-            nbytes = parse_size(text)
+        for text, nbytes in sizes:
             repeats = max(3, (1 << 30) // nbytes)  # about a GiB a rank
             copy_s = max(together(copier, n, lambda i: (nbytes, repeats))) / repeats
             port0 = free_port_block(n)
