@@ -63,11 +63,13 @@ def copier(nbytes: int, repeats: int, start: mp.Barrier, out: mp.Queue) -> None:
     out.put(time.perf_counter() - began)
 
 
-def ringer(rank: int, world: int, port0: int, flows: int, nbytes: int, repeats: int, start: mp.Barrier,
+def ringer(rank: int, world: int, ports, flows: int, nbytes: int, repeats: int, start: mp.Barrier,
            out: mp.Queue) -> None:
-    listener = socket.create_server(("127.0.0.1", port0 + rank), backlog=flows)
+    """``ports``: a shared array where each process of the ring says where it listens."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=flows)
+    ports[rank] = listener.getsockname()[1]
     start.wait()  # every rank listens
-    nxt = [socket.create_connection(("127.0.0.1", port0 + (rank + 1) % world)) for _ in range(flows)]
+    nxt = [socket.create_connection(("127.0.0.1", ports[(rank + 1) % world])) for _ in range(flows)]
     prev = [listener.accept()[0] for _ in range(flows)]
     part = nbytes // flows
     payload, inbox = memoryview(bytearray(part)), [memoryview(bytearray(part)) for _ in range(flows)]
@@ -132,24 +134,6 @@ def together(target, n: int, args_of) -> list[float]:
     return times
 
 
-def free_port_block(n: int) -> int:
-    """A port p such that p .. p+n-1 were all free a moment ago."""
-    for base in range(41000, 60000, 97):
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", base + i))
-                socks.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise SystemExit("no block of free ports on 127.0.0.1")
-
-
 def main() -> None:
     from macfleet.knobs import parse_size
     from macfleet.shm import default_slot_bytes, shared_cache_bytes
@@ -185,8 +169,8 @@ def main() -> None:
         for text, nbytes in sizes:
             repeats = max(3, (1 << 30) // nbytes)  # about a GiB a rank
             copy_s = max(together(copier, n, lambda i: (nbytes, repeats))) / repeats
-            port0 = free_port_block(n)
-            tcp_s = max(together(ringer, n, lambda i: (i, n, port0, threads, nbytes, repeats))) / repeats
+            ports = mp.get_context("spawn").Array("i", n)
+            tcp_s = max(together(ringer, n, lambda i: (i, n, ports, threads, nbytes, repeats))) / repeats
             passes_s = copy_s + (3 - 2 / n) / 2 * nbytes / slot * slot_s
             busbw = 2 * (n - 1) / n * nbytes / 1e9  # GB that a bus bandwidth counts in one all-reduce
             row = {"world": n, "threads": threads, "bytes": nbytes, "slot_bytes": slot, "copy_s": copy_s,
