@@ -11,6 +11,13 @@ model with macfleet.DataParallel and then with torch DistributedDataParallel on 
 step time, samples/s, the share of macfleet's step spent waiting for gradients after backward,
 and scaling efficiency (throughput at N / (N x throughput at 1)).
 
+The wait has two parts (on one host, whose ranks share a clock): "behind", the time rank 0 waits
+for the rank whose own backward ends last, whose gradients no exchange can average before they
+exist; and "tail", that last rank's own wait, the exchange that is left once every backward
+has ended. Each is a median over the steps, as a share of the median step, so the two need not
+add up to the wait exactly. On a machine whose ranks compute at uneven speeds, "behind" is a
+wait that only evener compute removes.
+
 On a CPU, ``--threads-per-rank K`` gives every rank K compute threads whatever N, so adding a
 rank adds cores, as adding a Mac or a GPU does; without it the launcher splits the machine's
 cores among the ranks, and N=1 already uses them all (scaling then measures how well N ranks
@@ -110,6 +117,9 @@ class Contender:
     block: Callable[[], Any] = nullcontext  # the context its steps are taken in (join() with --join)
     times: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
+    # when each timed step's own backward ended, before its wait (perf_counter; macfleet only)
+    backward_ends: list[float] = field(default_factory=list)
+    _returned: float = 0.0  # when the last step's backward() returned, its wait included
 
     def step(self, x, y, sync) -> float:
         from torch.nn import functional as F
@@ -118,6 +128,7 @@ class Contender:
         started = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
         F.cross_entropy(self.model(x), y).backward()
+        self._returned = time.perf_counter()
         self.opt.step()
         sync()
         return time.perf_counter() - started
@@ -143,6 +154,30 @@ def interleaved(contenders: list[Contender], x, y, steps: int, sync, blocks: int
                     c.times.append(c.step(x, y, sync))
                     if c.wait_of:
                         c.waits.append(c.wait_of())
+                        c.backward_ends.append(c._returned - c.waits[-1])
+
+
+def wait_parts(c: Contender) -> tuple[float, float] | None:
+    """This rank's wait after backward in two parts, as shares of its median step: the time it
+    spent behind the rank whose own backward ended last (medians over the steps), which no
+    exchange can give back, since that rank's gradients are not there yet; and the wait of
+    that last rank, which is the exchange's tail after every backward has ended. None where
+    the ranks are on several hosts, whose clocks do not compare. Every rank calls it."""
+    import socket
+
+    import macfleet
+
+    hosts = macfleet.all_gather_object(socket.gethostname())
+    ranks = macfleet.all_gather_object((c.backward_ends, c.waits))
+    if len(set(hosts)) > 1:
+        return None
+    me, behind, tails = macfleet.rank(), [], []
+    for s in range(len(c.waits)):
+        last = max(range(len(ranks)), key=lambda r: ranks[r][0][s])
+        behind.append(ranks[last][0][s] - ranks[me][0][s])
+        tails.append(ranks[last][1][s])
+    step = median_high(c.times)
+    return median_high(behind) / step, median_high(tails) / step
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -181,11 +216,14 @@ def rank_main(args: argparse.Namespace) -> None:
         interleaved(contenders, x, y, args.steps, sync)
         for c in contenders:
             seconds, waited = c.medians()
+            parts = wait_parts(c) if c.wait_of else None
             worst = torch.tensor([seconds], dtype=torch.float64)
             macfleet.all_reduce(worst, "max")  # a step is as slow as its slowest rank
             results.append({"model": name, "params": params, "batch": batch, "library": c.library, "world": world,
                             "step_s": worst.item(), "samples_s": batch * world / worst.item(),
                             "wait_share": None if waited is None else waited / seconds,
+                            "behind_share": None if parts is None else parts[0],
+                            "tail_share": None if parts is None else parts[1],
                             "rank0_steps_s": c.times})  # in the order taken: a slow spell shows as a run
         del mf, ddp, bare, contenders
     if rank == 0 and args.out:
@@ -221,16 +259,17 @@ def orchestrate(args: argparse.Namespace) -> None:
     wire += ", every step inside join()" if args.join else ""
     print(f"training throughput, device {args.device}{threads}{where}{wire} (step time is the slowest rank's median)")
     print(f"{'model':<6} {'N':>2} {'library':<10} {'step ms':>9} {'samples/s':>10} {'wait share':>10} "
-          f"{'scaling':>8} {'of bare':>8} {'vs DDP':>7}")
+          f"{'behind':>7} {'tail':>5} {'scaling':>8} {'of bare':>8} {'vs DDP':>7}")
     for r in rows:
         ddp = next((d for d in rows if d["model"] == r["model"] and d["world"] == r["world"]
                     and d["library"].startswith("ddp")), None)
         ratio = f"{ddp['step_s'] / r['step_s']:.2f}x" if ddp and r["library"] == "macfleet" else ""
-        wait = f"{r['wait_share']:.0%}" if r["wait_share"] is not None else ""
+        wait, behind, tail = (f"{r[k]:.0%}" if r.get(k) is not None else "" for k in
+                              ("wait_share", "behind_share", "tail_share"))
         eff = f"{r['scaling_efficiency']:.0%}" if r["scaling_efficiency"] is not None else ""
         of_bare = f"{r['of_bare']:.0%}" if r["of_bare"] is not None else ""
         print(f"{r['model']:<6} {r['world']:>2} {r['library']:<10} {r['step_s'] * 1e3:>9.1f} {r['samples_s']:>10.0f} "
-              f"{wait:>10} {eff:>8} {of_bare:>8} {ratio:>7}")
+              f"{wait:>10} {behind:>7} {tail:>5} {eff:>8} {of_bare:>8} {ratio:>7}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
