@@ -191,9 +191,16 @@ class Channel:
         # meta first: the schedule fields must win over a collective's own keys
         fields = {**(meta or {}), "job": self.job_id, "op": op, "seq": seq, "src": self.rank, "n": len(payload)}
         mac, header = wire.pack(self.secret, fields)
-        self._wait(self.push, zmq.POLLOUT, "send to", self.next_rank)
-        self.push.send(mac, zmq.SNDMORE)
-        self.push.send(header, zmq.SNDMORE)
+        # Try first, poll only where that fails: the queue has no limit (SNDHWM 0), so the send
+        # waits only while the connection is down (ZMQ_IMMEDIATE), and a poll of a ready socket
+        # cost 7-10 us a message on the device machine (benchmarks/results/2026-11-29-session64).
+        self.liveness.check()
+        try:
+            self.push.send(mac, zmq.SNDMORE | zmq.NOBLOCK)
+        except zmq.Again:
+            self._wait(self.push, zmq.POLLOUT, "send to", self.next_rank)
+            self.push.send(mac, zmq.SNDMORE)
+        self.push.send(header, zmq.SNDMORE)  # the rest of a message whose first frame was taken
         self.push.send(payload, copy=copy)
 
     def owe_answer(self, meta: dict[str, Any]) -> None:
@@ -264,7 +271,7 @@ class Channel:
             elif not self.pull.poll(0, zmq.POLLIN):
                 return None
             frames = [self.pull.recv(copy=False)]
-            while self.pull.getsockopt(zmq.RCVMORE) and len(frames) < 2:
+            if frames[0].more:  # a frame says whether more follow: no getsockopt(RCVMORE) call
                 frames.append(self.pull.recv(copy=False))
             try:
                 fields = self._check(frames, op, seq, nbytes, meta, answer)
@@ -285,7 +292,7 @@ class Channel:
 
     def _check(self, frames: list[zmq.Frame], op: int, seq: int, nbytes: int,
                meta: dict[str, Any] | None, answer: bool = False) -> dict[str, Any]:
-        if len(frames) != 2 or not self.pull.getsockopt(zmq.RCVMORE):
+        if len(frames) != 2 or not frames[1].more:
             raise wire.BadMessage("wrong frame count")
         fields = wire.unpack(self.secret, frames[0].buffer, frames[1].buffer)
         if (fields.get("job"), fields.get("src"), fields.get("op"), fields.get("seq")) != (
