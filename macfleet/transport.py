@@ -29,6 +29,7 @@ HEADER_SLACK = 64 * 1024
 # Every rank has registered when the ring connects, so a connection that is not up in this long
 # will not come up: a firewall drops it, or the address is not reachable from here.
 CONNECT_TIMEOUT_S = 30.0  # MACFLEET_CONNECT_TIMEOUT
+SEND_FIRST_FRAME = int(zmq.SNDMORE | zmq.NOBLOCK)  # once: or-ing pyzmq's enum flags costs a microsecond a call
 
 
 def _described(fields: dict[str, Any]) -> str:
@@ -196,7 +197,7 @@ class Channel:
         # cost 7-10 us a message on the device machine (benchmarks/results/2026-11-29-session64).
         self.liveness.check()
         try:
-            self.push.send(mac, zmq.SNDMORE | zmq.NOBLOCK)
+            self.push.send(mac, SEND_FIRST_FRAME)
         except zmq.Again:
             self._wait(self.push, zmq.POLLOUT, "send to", self.next_rank)
             self.push.send(mac, zmq.SNDMORE)
