@@ -1,4 +1,4 @@
-import time, zmq, torch
+import time, zmq
 from macfleet import wire
 from macfleet.transport import Channel, ChannelId, Liveness
 ctx = zmq.Context(io_threads=2)
