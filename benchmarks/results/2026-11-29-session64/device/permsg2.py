@@ -1,3 +1,4 @@
+"""One 4 KiB ring message sent and received in turn on one thread: plain socket, bare pyzmq, macfleet's Channel."""
 import time, zmq
 from macfleet import wire
 from macfleet.transport import Channel, ChannelId, Liveness
