@@ -420,7 +420,8 @@ class DataParallel(nn.Module):
             self.require_backward_grad_sync = previous
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
-        self._forwards = 0  # a backward is under way (the outputs' hook says so too, where it finds them)
+        if self._forwards:  # a backward is under way (the outputs' hook says so too, where it finds them);
+            self._forwards = 0  # set only when it changes: nn.Module's __setattr__ costs microseconds a gradient
         if not self.require_backward_grad_sync:
             return
         if not self._queued:  # first gradient of this backward: arm the step
