@@ -133,6 +133,11 @@ class Contender:
         sync()
         return time.perf_counter() - started
 
+    def note_wait(self) -> None:
+        """After a timed step: its wait after backward, and when its own backward ended."""
+        self.waits.append(self.wait_of())
+        self.backward_ends.append(self._returned - self.waits[-1])
+
     def medians(self) -> tuple[float, float | None]:
         """Median step time and median wait-after-backward (seconds; None without ``wait_of``)."""
         return median_high(self.times), median_high(self.waits) if self.waits else None
@@ -153,8 +158,7 @@ def interleaved(contenders: list[Contender], x, y, steps: int, sync, blocks: int
                 for _ in range(steps // blocks + (b < steps % blocks)):
                     c.times.append(c.step(x, y, sync))
                     if c.wait_of:
-                        c.waits.append(c.wait_of())
-                        c.backward_ends.append(c._returned - c.waits[-1])
+                        c.note_wait()
 
 
 def wait_parts(c: Contender) -> tuple[float, float] | None:
@@ -167,15 +171,14 @@ def wait_parts(c: Contender) -> tuple[float, float] | None:
 
     import macfleet
 
-    hosts = macfleet.all_gather_object(socket.gethostname())
-    ranks = macfleet.all_gather_object((c.backward_ends, c.waits))
-    if len(set(hosts)) > 1:
+    ranks = macfleet.all_gather_object((socket.gethostname(), c.backward_ends, c.waits))
+    if len({host for host, _, _ in ranks}) > 1:
         return None
     me, behind, tails = macfleet.rank(), [], []
     for s in range(len(c.waits)):
-        last = max(range(len(ranks)), key=lambda r: ranks[r][0][s])
-        behind.append(ranks[last][0][s] - ranks[me][0][s])
-        tails.append(ranks[last][1][s])
+        last = max(range(len(ranks)), key=lambda r: ranks[r][1][s])
+        behind.append(ranks[last][1][s] - ranks[me][1][s])
+        tails.append(ranks[last][2][s])
     step = median_high(c.times)
     return median_high(behind) / step, median_high(tails) / step
 
