@@ -108,7 +108,7 @@ class Join:
         step, besides the gradients', cost a small CNN 8-34% of its step on the device machine."""
         self._settle()
         model = self.model
-        if model._forwards > 1:
+        if model._step.forwards > 1:
             raise ConfigError(
                 "inside join() each training forward must be followed by its backward: a rank out of batches "
                 "shadows one forward and one backward per step, as with DDP's join(), and cannot tell a second "

@@ -31,6 +31,7 @@ import functools
 import time
 import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
@@ -120,9 +121,8 @@ class DataParallel(nn.Module):
         keeps (``__getstate__``)."""
         self._runtime: rt.Runtime | None = None  # the job's, from the first use (``runtime``)
         self.require_backward_grad_sync = True  # a copy made inside no_sync() is not inside the block
-        self.last_wait_s = 0.0  # how long the end of the last backward waited for communication
         self.scale = 1.0  # this rank's gradients' weight in the averages (``_attach``)
-        self._step_ended: tuple[float, float] | None = None  # when the last step's exchange ended, and waited_s then
+        self._step = _Step()
         self._join: Join | None = None  # the join() block this DataParallel trains in, if any
         self.buckets: list[Bucket] = []
         self._where: dict[int, tuple[Bucket, int]] = {}
@@ -134,12 +134,12 @@ class DataParallel(nn.Module):
         self._trainable: list[bool] = []
         self._known_buffers: list[torch.Tensor] = []
         self._seen = -1  # never laid out
-        self._queued = False  # a gradient of this backward has come: the step's exchange is under way
-        self._finish_queued = False  # the end-of-backward callback is queued on a backward under way
-        self._began = 0.0  # with the timeline on: when this forward, or this backward's first gradient, came
-        self._forwards = 0  # training forwards since a backward last reached the outputs (join() allows one)
-        self._released = 0  # buckets released for averaging in this step: always a prefix, in index order
         self._comm: BucketThread | None = None
+
+    @property
+    def last_wait_s(self) -> float:
+        """How long the end of the last backward waited for communication (and slower ranks)."""
+        return self._step.wait_s
 
     # -- copies -------------------------------------------------------------------------------
     @property
@@ -216,7 +216,7 @@ class DataParallel(nn.Module):
             if [(n, id(p)) for n, p in params] != [(n, id(p)) for n, p in self._known_params]:
                 return True
             self._known_buffers = list(self.module.buffers())  # a buffer may have been replaced
-        return any(p.requires_grad != was for (_, p), was in zip(self._known_params, self._trainable, strict=True))
+        return [p.requires_grad for _, p in self._known_params] != self._trainable
 
     def _retire(self, successor: DataParallel) -> None:
         """A newer DataParallel wraps these parameters (a script wrapped the model again after
@@ -265,8 +265,11 @@ class DataParallel(nn.Module):
         # next training forward, the one that counts.
         if not (self.training and torch.is_grad_enabled()):
             return self.module(*args, **kwargs)
-        eagerly(self._before_training_forward)(args, kwargs)
-        return eagerly(self._watch_outputs)(self.module(*args, **kwargs))
+        if _is_compiling is not None and _is_compiling():  # see ``eagerly``
+            torch.compiler.disable(self._before_training_forward)(args, kwargs)
+            return torch.compiler.disable(self._watch_outputs)(self.module(*args, **kwargs))
+        self._before_training_forward(args, kwargs)
+        return self._watch_outputs(self.module(*args, **kwargs))
 
     def _watch_outputs(self, output: Any) -> Any:
         """Hook the outputs, so that the end-of-backward callback is queued on the backward that
@@ -279,12 +282,12 @@ class DataParallel(nn.Module):
             for t in batches.tensors_in(output):
                 if t.requires_grad:
                     t.register_hook(self._on_output_grad)
-        if self._began:
-            timeline.RECORDER.span("forward", self._began, time.time())
+        if self._step.began:
+            timeline.RECORDER.span("forward", self._step.began, time.time())
         return output
 
     def _on_output_grad(self, grad: torch.Tensor) -> None:
-        self._forwards = 0
+        self._step.forwards = 0
         if self.require_backward_grad_sync:
             self._queue_finish()
 
@@ -292,17 +295,19 @@ class DataParallel(nn.Module):
         """Queue ``_finish_backward`` on the backward under way, once. A backward that reaches
         the outputs but no parameter (``torch.autograd.grad`` of the output by the input, for a
         gradient penalty) finds nothing to finish."""
-        if not self._finish_queued:
-            self._finish_queued = True
+        if not self._step.finish_queued:
+            self._step.finish_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
 
     def _backward_ended(self) -> None:
-        self._finish_queued = False
-        if self._queued:
+        step = self._step
+        step.finish_queued = False
+        if step.queued:
             self._finish_backward()
 
     def _before_training_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self._queued:
+        step = self._step
+        if step.queued:
             # Autograd drops the end-of-backward callback when backward raises: this rank released
             # some buckets and not others, and the other ranks wait for the rest. Going on would
             # step on gradients that were never averaged (DDP refuses too, at its next backward).
@@ -310,26 +315,27 @@ class DataParallel(nn.Module):
                 "the previous backward raised before DataParallel had averaged its gradients, so this "
                 "rank is out of step with the others and cannot train on; let that exception end the "
                 "process (macfleet launch --max-restarts N restarts the job from its last checkpoint)")
-        self._finish_queued = False  # autograd dropped it too, if a backward that averaged nothing raised
+        step.finish_queued = False  # autograd dropped it too, if a backward that averaged nothing raised
         if self._replaced_by is not None:
             raise ConfigError(
                 f"this DataParallel's parameters were wrapped again by a newer DataParallel (of "
                 f"{self._replaced_by}), which now averages their gradients: train through the newer one")
-        self._forwards += 1
-        self._began = time.time() if timeline.RECORDER.on else 0.0
-        changed = self.runtime.world_size > 1 and self._stale()
+        step.forwards += 1
+        step.began = time.time() if timeline.RECORDER.on else 0.0
+        runtime = self.runtime
+        changed = runtime.world_size > 1 and self._stale()
         # inside join(): which ranks train in this step, and which of them the buffers come from
         agreed = None if self._join is None else self._join.agree(self.require_backward_grad_sync, changed)
         source = 0 if agreed is None else agreed.source
         if changed:
             self._lay_out("DataParallel (parameters changed)")
         self._check_placement()
-        if self.broadcast_buffers and self.runtime.world_size > 1:
+        if self.broadcast_buffers and self._known_buffers and runtime.world_size > 1:
             with torch.no_grad(), rt.on_behalf_of("DataParallel (buffers)"):
                 self._broadcast_buffers(source)
-        if self.runtime.world_size > 1:
-            if self.runtime.rank == 0:
-                loaders.CHECK(self.runtime.world_size)  # a DataLoader that every rank reads whole
+        if runtime.world_size > 1:
+            if runtime.rank == 0:
+                loaders.CHECK(runtime.world_size)  # a DataLoader that every rank reads whole
             batches.NOTES(args, kwargs, loaders.CHECK.warned)  # ranks that get the same batches
         rt.note_sources_again()  # the script's modules imported after init (its model's, by now)
 
@@ -420,21 +426,22 @@ class DataParallel(nn.Module):
             self.require_backward_grad_sync = previous
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
-        if self._forwards:  # a backward is under way (the outputs' hook says so too, where it finds them);
-            self._forwards = 0  # set only when it changes: nn.Module's __setattr__ costs microseconds a gradient
+        step = self._step
+        step.forwards = 0  # a backward is under way (the outputs' hook says so too, where it finds them)
         if not self.require_backward_grad_sync:
             return
-        if not self._queued:  # first gradient of this backward: arm the step
-            self._queued = True
-            self._began = time.time() if timeline.RECORDER.on else 0.0
-            self._released = 0
+        if not step.queued:  # first gradient of this backward: arm the step
+            step.queued = True
+            step.began = time.time() if timeline.RECORDER.on else 0.0
+            step.released = 0
             for bucket in self.buckets:
                 bucket.pending, bucket.done = {id(q) for q in bucket.params}, False
             if self._comm is None and len(self.buckets) > 1:
                 self._comm = BucketThread.of(self.runtime)
             self._queue_finish()
         bucket, k = self._where[id(p)]
-        self._adopt(bucket, k)
+        if p.grad is not bucket.views[k]:  # else it is its view still
+            self._adopt(bucket, k)
         bucket.pending.discard(id(p))
         if not bucket.pending and self._comm is not None:
             self._complete(bucket, self._comm)
@@ -443,10 +450,11 @@ class DataParallel(nn.Module):
         """Start the complete bucket's copy to the host, and release every bucket whose turn
         has come. This runs on the thread that runs backward, which on every rank sees the
         same graph in the same order: releases, across models too, agree between ranks."""
-        start = self._released
-        while self._released < len(self.buckets) and not self.buckets[self._released].pending:
-            self._released += 1
-        self._hand_over(comm, bucket, self.buckets[start:self._released])
+        step = self._step
+        start = step.released
+        while step.released < len(self.buckets) and not self.buckets[step.released].pending:
+            step.released += 1
+        self._hand_over(comm, bucket, self.buckets[start:step.released])
 
     def _hand_over(self, comm: BucketThread, bucket: Bucket, release: list[Bucket]) -> None:
         """Give ``bucket`` to the communication thread, which copies it to the host once its
@@ -495,13 +503,13 @@ class DataParallel(nn.Module):
         A model whose gradients fit in one bucket has nothing to overlap: its bucket is averaged
         here, on the thread that ran backward, which saves two thread hand-offs per step
         (measured 150-250 us on the device machine, as much as a small model's whole exchange)."""
-        self._queued = False
-        comm, device = self._comm, self.runtime.device
-        unused = [(b, k) for b in self.buckets for k, p in enumerate(b.params) if id(p) in b.pending]
+        step, comm, device = self._step, self._comm, self.runtime.device
+        step.queued = False
+        unused = [(b, k) for b in self.buckets if b.pending for k, p in enumerate(b.params) if id(p) in b.pending]
         if unused and not self.find_unused_parameters:
             names = ", ".join(b.names[k] for b, k in unused[:5]) + (" ..." if len(unused) > 5 else "")
             if comm is not None:  # what was released finishes first: nothing of this step outlives it
-                comm.wait(self.buckets[:self._released])
+                comm.wait(self.buckets[:step.released])
             raise ConfigError(
                 f"parameters got no gradient in this step: {names}. Every rank must produce a gradient for "
                 f"every parameter (pass find_unused_parameters=True to DataParallel to count them as zero)")
@@ -511,13 +519,15 @@ class DataParallel(nn.Module):
             if not bucket.pending and comm is not None:
                 self._complete(bucket, comm)
         started = time.perf_counter()
-        began, self._began = self._began, 0.0
+        began, step.began = step.began, 0.0
         if began:  # on the timeline, with this step's bookkeeping; the wait starts here
             now = time.time()
             timeline.RECORDER.span("backward (first gradient to last)", began, now)
             began = now
         self._note_work(started)
-        with rt.waiting():  # the time this rank's training loop loses to the exchange and to slower ranks
+        collectives = self._collectives
+        since = collectives.start_waiting()  # what the training loop loses to the exchange and slower ranks
+        try:
             if comm is None:  # one bucket: averaged here, unless another model's buckets are in flight
                 bucket, shared = self.buckets[0], BucketThread.existing(self.runtime)
                 if shared is not None and not shared.idle():  # after what another model released, in order
@@ -532,12 +542,14 @@ class DataParallel(nn.Module):
                     comm.wait([b])
                     if device.copies_from_training_thread and b.host is not None:
                         device.from_host(b.host, b.flat)
+        finally:
+            collectives.stop_waiting(since)
         device.staged()  # later device work (optimizer.step) sees the averaged gradients
         ended = time.perf_counter()
         if began:
             timeline.RECORDER.span("waiting for gradients", began, time.time())
-        self.last_wait_s = ended - started
-        self._step_ended = (ended, self._collectives.waited_s)
+        step.wait_s = ended - started
+        step.ended = (ended, collectives.waited_s)
         self._restore_sparse()
 
     def _note_work(self, now: float) -> None:
@@ -545,17 +557,18 @@ class DataParallel(nn.Module):
         forward, backward, but not its waits for the others (the buffers' broadcast in forward
         waits for a slower Mac too). Its median says how fast this Mac trains, for the shares
         the launcher suggests."""
-        if self._step_ended is not None:
-            ended, waited = self._step_ended
+        if self._step.ended is not None:
+            ended, waited = self._step.ended
             self._collectives.step_work_s.append((now - ended) - (self._collectives.waited_s - waited))
 
     def _restore_sparse(self) -> None:
         """Gradients that autograd made sparse are sparse again once averaged: an optimizer for
         them (``SparseAdam``) takes no other kind. Their rows are those any rank touched."""
         for bucket in self.buckets:
-            for k, sparse_dim in bucket.sparse.items():
-                bucket.params[k].grad = bucket.view(k).to_sparse(sparse_dim)
-            bucket.sparse.clear()
+            if bucket.sparse:
+                for k, sparse_dim in bucket.sparse.items():
+                    bucket.params[k].grad = bucket.view(k).to_sparse(sparse_dim)
+                bucket.sparse.clear()
 
 
 T = TypeVar("T")
@@ -650,6 +663,20 @@ def _check_trainable(named: list[tuple[str, nn.Parameter]], device: Device) -> N
                 f"parameter {name!r} is not initialized yet (a lazy module such as nn.LazyLinear): run one "
                 f"forward pass on a sample batch before wrapping the model, as DDP asks too")
         device.check_dtype(p, f"parameter {name!r}")
+
+
+@dataclass(slots=True)
+class _Step:
+    """The training step under way. Apart from the module's attributes: nn.Module's
+    ``__setattr__`` costs 2 us a write (more, run cold after backward), and a step made a dozen."""
+
+    queued: bool = False  # a gradient of this backward has come: the step's exchange is under way
+    finish_queued: bool = False  # the end-of-backward callback is queued on a backward under way
+    began: float = 0.0  # with the timeline on: when this forward, or this backward's first gradient, came
+    forwards: int = 0  # training forwards since a backward last reached the outputs (join() allows one)
+    released: int = 0  # buckets released for averaging in this step: always a prefix, in index order
+    wait_s: float = 0.0  # how long the end of the last backward waited for communication
+    ended: tuple[float, float] | None = None  # when the last step's exchange ended, and waited_s then
 
 
 class _Placeless:
