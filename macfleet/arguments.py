@@ -86,7 +86,8 @@ def _check_writable(tensor: torch.Tensor, name: str, collective: str) -> None:
     """all_reduce and broadcast write their result into the tensor. An expanded view (a stride of
     0) has several elements in one memory location and cannot hold it: torch refused the write
     from inside the collective, once the others were waiting in it."""
-    if any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape, strict=True)):
+    strides = tensor.stride()
+    if 0 in strides and any(stride == 0 and size > 1 for stride, size in zip(strides, tensor.shape, strict=True)):
         raise ConfigError(f"{name} is an expanded view (several of its elements are one memory location), and "
                           f"{collective} writes its result into it: give {name}.clone()")
 

@@ -44,12 +44,14 @@ class Bucket:
     # The parameters' gradients as views of ``flat``, made once: a slice and a view_as per
     # gradient per step cost a quarter of the gradient hook's time (cProfile, 202 parameters).
     views: list[torch.Tensor] = field(init=False, repr=False, compare=False)
+    label: str = field(init=False, repr=False, compare=False)  # its name in collectives' errors and timeline
 
     def __post_init__(self) -> None:
         # never inference tensors, though the model may be wrapped under torch.inference_mode():
         # they become the parameters' .grad, which training writes outside that mode
         with torch.inference_mode(False):
             self.views = [self.flat[o: o + p.numel()].view_as(p) for p, o in zip(self.params, self.offsets)]
+        self.label = f"gradient bucket {self.index}"
 
     def view(self, k: int) -> torch.Tensor:
         return self.views[k]
@@ -256,5 +258,6 @@ def average(bucket: Bucket, copied: HostEvent, device: Device, compression: str,
 
 def exchange(bucket: Bucket, staged: torch.Tensor, compression: str) -> None:
     """The bucket's average over all ranks, in ``staged``: the one collective each bucket makes."""
-    with rt.on_behalf_of("DataParallel (gradients)"):
-        rt.all_reduce(staged, "avg", name=f"gradient bucket {bucket.index}", compression=compression)
+    collectives = rt.runtime().collectives
+    assert collectives is not None  # only a job of several ranks has buckets
+    collectives.all_reduce(staged, "avg", bucket.label, compression, by="DataParallel (gradients)")

@@ -105,9 +105,10 @@ class Collectives:
 
     # -- public collectives -----------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", name: str = "tensor",
-                   compression: str = "none") -> torch.Tensor:
+                   compression: str = "none", by: str | None = None) -> torch.Tensor:
         """``compression`` (``fp16``, ``bf16``) casts what crosses the network only; the
-        reduction itself stays float32 on the host."""
+        reduction itself stays float32 on the host. ``by``: the caller, as ``on_behalf_of``
+        says it for a block (DataParallel's gradients, every step: a block costs more)."""
         check_all_reduce(tensor, op, name, compression)
         if tensor.layout == torch.sparse_coo:
             return self._all_reduce_sparse(tensor, op, name)
@@ -118,7 +119,7 @@ class Collectives:
         data = _outside_autograd(tensor)
         work_dtype = WORK_DTYPE.get(tensor.dtype, tensor.dtype)
         numel = tensor.numel()
-        with self._collective("all_reduce", numel * work_dtype.itemsize, tensor, op, name=name) as op_id:
+        with self._collective("all_reduce", numel * work_dtype.itemsize, tensor, op, name=name, by=by) as op_id:
             if numel == 0:
                 return tensor
             # A contiguous host tensor already in the working dtype is reduced in its own memory;
@@ -129,8 +130,9 @@ class Collectives:
             else:
                 work, raw = self._host.get("reduce", numel, work_dtype)
             wire = WIRE_DTYPES[compression] if work_dtype.is_floating_point else None
+            # the ring's message headers; ranks of one host that share memory send none
             meta = {"c": "all_reduce", "numel": numel, "dtype": str(tensor.dtype), "rop": op, "wire": str(wire),
-                    "by": self._by}
+                    "by": self._by} if self._ring is not None or self.leaders is not None else {}
             reducer = REDUCERS[op]
             # Through shared memory whatever the size: its barrier costs microseconds, so even a
             # 4 KiB all-reduce is faster there than one pass round the ring (benchmarks/).
@@ -353,21 +355,22 @@ class Collectives:
         blocks count once. A thread ``in_background`` never counts: DataParallel's communication
         thread exchanges while backward computes, and only the end of backward's wait for it is
         time lost."""
-        started = self._start_waiting()
+        started = self.start_waiting()
         try:
             yield
         finally:
-            self._stop_waiting(started)
+            self.stop_waiting(started)
 
-    def _start_waiting(self) -> float | None:
-        """When this thread starts to wait (None: it already waits, or does not count)."""
+    def start_waiting(self) -> float | None:
+        """When this thread starts to wait (None: it already waits, or does not count): the
+        block ``waiting`` without its generator, for the code that runs every step."""
         state = self._thread
         if getattr(state, "counting", False) or getattr(state, "background", False):
             return None
         state.counting = True
         return time.monotonic()
 
-    def _stop_waiting(self, started: float | None) -> None:
+    def stop_waiting(self, started: float | None) -> None:
         if started is not None:
             self._thread.counting = False
             self.waited_s += time.monotonic() - started
@@ -397,7 +400,7 @@ class Collectives:
 
     @contextmanager
     def _collective(self, kind: str, nbytes: int, tensor: torch.Tensor, reduce_op: str = "",
-                    root: int = -1, name: str = "") -> Iterator[int]:
+                    root: int = -1, name: str = "", by: str | None = None) -> Iterator[int]:
         """One collective at a time, in issue order; what we are in is visible to the heartbeat
         (the coordinator's stall report names who waits on whom) and to this host's other ranks
         (``LocalGroup.announce``: ranks in different collectives fail instead of mixing bytes).
@@ -411,13 +414,13 @@ class Collectives:
                 f"collective would line up with theirs. Let that exception end the script")
         self._after_the_buckets()
         self._enter(kind)
-        since = self._start_waiting()  # inline, not self.waiting(): a generator costs 1-2 us a collective
+        since = self.start_waiting()  # inline, not self.waiting(): a generator costs 1-2 us a collective
         began = time.time() if timeline.RECORDER.on else 0.0
         op_id = 0
         try:
             with hostops.threads_for(nbytes, self.inline_bytes):
                 op_id = self.next_op()
-                caller = self._by = self.caller
+                caller = self._by = self.caller if by is None else by
                 signature = Signature(op_id, kind, tensor.numel(), tensor.dtype, reduce_op, caller, root)
                 site = call_site()
                 self.history.add(op_id, signature, site)
@@ -437,7 +440,7 @@ class Collectives:
                     self.ops_done += 1
         finally:
             crossed = self._leave()
-            self._stop_waiting(since)
+            self.stop_waiting(since)
             if began:
                 args: dict[str, object] = {"op": op_id, "bytes": nbytes, "by": self._by,
                                            "path": self.last_algorithm if kind == "all_reduce" else ""}

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
@@ -58,19 +58,34 @@ def _openmp_setter() -> Callable[[int], object] | None:
 _set_threads = _openmp_setter()
 
 
-@contextmanager
-def threads_for(nbytes: int, inline_bytes: int = INLINE_BYTES) -> Iterator[None]:
-    """Inside the block, this thread's torch ops run on this thread alone if ``nbytes`` (the
+class _OnThisThread:
+    """The block of ``threads_for`` that runs this thread's torch ops on this thread alone. A
+    class, not a generator: it is entered at every collective, and a generator's context
+    manager is twice the Python calls, each microseconds where they run cold after a backward."""
+
+    __slots__ = ("full",)
+
+    def __init__(self, full: int) -> None:
+        self.full = full  # this thread's setting, put back at the end
+
+    def __enter__(self) -> None:
+        assert _set_threads is not None
+        _set_threads(1)
+
+    def __exit__(self, *exc: object) -> None:
+        assert _set_threads is not None
+        _set_threads(self.full)
+
+
+_AS_IS = nullcontext()  # reusable: it keeps no state
+
+
+def threads_for(nbytes: int, inline_bytes: int = INLINE_BYTES) -> AbstractContextManager[None]:
+    """A block in which this thread's torch ops run on this thread alone if ``nbytes`` (the
     collective's size) is at most ``inline_bytes``; on its OpenMP team otherwise."""
     if _set_threads is None or nbytes > inline_bytes:
-        yield
-        return
+        return _AS_IS
     full = torch.get_num_threads()  # this thread's setting; the call also runs torch's per-thread
     if full == 1:                   # first-use setup, which would otherwise undo ours later
-        yield
-        return
-    _set_threads(1)
-    try:
-        yield
-    finally:
-        _set_threads(full)
+        return _AS_IS
+    return _OnThisThread(full)

@@ -140,6 +140,7 @@ class LocalGroup:
         self._shared: dict[int, SharedTensor] = {}  # by the data_ptr of this rank's row
         self._allocated = 0  # shared tensors so far: the same count on every local rank
         self._scratch = torch.empty(0, device="cpu")
+        self._rows: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # ``slots``, by buffer and dtype
         self._announced: Signature | None = None
         self._words = (0, 0, 0)  # the announcement as its control-line words, for the check after the barrier
         self._unchecked = False  # whether the first barrier since the announcement is still to come
@@ -314,10 +315,17 @@ class LocalGroup:
         return self.raw[start: start + numel * dtype.itemsize].view(dtype)
 
     def slots(self, buffer: int, dtype: torch.dtype) -> torch.Tensor:
-        """Every rank's slot of ``buffer`` as rows of one strided tensor ``[size, slot elements]``."""
-        assert self.raw is not None
-        start = buffer * (self.size + 1) * self.slot_bytes
-        return self.raw[start: start + self.size * self.slot_bytes].view(dtype).view(self.size, -1)
+        """Every rank's slot of ``buffer`` as rows of one strided tensor ``[size, slot elements]``.
+        Made once for each buffer and dtype: three torch calls that a small all-reduce made each
+        time, at tens of microseconds each where they run cold, after a backward."""
+        rows = self._rows.get((buffer, dtype))
+        if rows is None:
+            assert self.raw is not None
+            start = buffer * (self.size + 1) * self.slot_bytes
+            with torch.inference_mode(False):  # kept: see attach
+                rows = self.raw[start: start + self.size * self.slot_bytes].view(dtype).view(self.size, -1)
+            self._rows[(buffer, dtype)] = rows
+        return rows
 
     def all_reduce(self, src: torch.Tensor, out: torch.Tensor, op: str, divide_by: int = 1) -> None:
         """``out`` = reduction (``sum``, ``max``, ``min``) over this host's ranks of ``src`` (flat
@@ -572,6 +580,7 @@ class LocalGroup:
 
     def close(self) -> None:
         self.raw = None
+        self._rows.clear()
         for shared in list(self._shared.values()):
             try:
                 shared.mapping.close()
