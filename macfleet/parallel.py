@@ -31,7 +31,7 @@ import functools
 import time
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
@@ -298,12 +298,17 @@ class DataParallel(nn.Module):
         if not self._step.finish_queued:
             self._step.finish_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+            self._step.lent = [bucket for bucket in self.buckets if bucket.lend_views()]
 
     def _backward_ended(self) -> None:
         step = self._step
         step.finish_queued = False
         if step.queued:
             self._finish_backward()
+        else:  # it reached no parameter (``torch.autograd.grad`` of the outputs): no gradient changes
+            for bucket in step.lent:
+                bucket.take_back_views()
+        step.lent = []
 
     def _before_training_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         step = self._step
@@ -440,7 +445,7 @@ class DataParallel(nn.Module):
                 self._comm = BucketThread.of(self.runtime)
             self._queue_finish()
         bucket, k = self._where[id(p)]
-        if p.grad is not bucket.views[k]:  # else it is its view still
+        if p.grad is not bucket.views[k]:  # else it is its view still, or again (``Bucket.lend_views``)
             self._adopt(bucket, k)
         bucket.pending.discard(id(p))
         if not bucket.pending and self._comm is not None:
@@ -569,6 +574,9 @@ class DataParallel(nn.Module):
                 for k, sparse_dim in bucket.sparse.items():
                     bucket.params[k].grad = bucket.view(k).to_sparse(sparse_dim)
                 bucket.sparse.clear()
+                bucket.dense = False
+            elif bucket.dense is None:
+                bucket.dense = True
 
 
 T = TypeVar("T")
@@ -677,6 +685,7 @@ class _Step:
     released: int = 0  # buckets released for averaging in this step: always a prefix, in index order
     wait_s: float = 0.0  # how long the end of the last backward waited for communication
     ended: tuple[float, float] | None = None  # when the last step's exchange ended, and waited_s then
+    lent: list[Bucket] = field(default_factory=list)  # buckets that lent their views to this backward
 
 
 class _Placeless:

@@ -246,6 +246,9 @@ def loss(case, model, x, y):
         x = x.clone().requires_grad_(True)
         out = model(x)
         grad, = torch.autograd.grad(out.sum(), x, create_graph=True)
+        # a backward that reached no parameter: DataParallel gave back the gradients it lent it
+        # (``Bucket.lend_views``) and they are None, as zero_grad left them and the oracle has them
+        assert all(p.grad is None for p in model.parameters()), "a backward of no parameter left gradients"
         return nn.functional.cross_entropy(out, y) + 0.1 * grad.pow(2).sum(1).mean()
     return nn.functional.cross_entropy(model(x), y)
 
@@ -380,6 +383,11 @@ def run(case, out):
         module = model.module
     if case == "ddp-options":
         assert model.broadcast_buffers is True and model.device_ids == [rank]
+    lent = []  # per gradient, whether it came to its bucket's view (``single`` only)
+    if case == "single" and world > 1:
+        for b in model.buckets:
+            for k, p in enumerate(b.params):  # a tensor hook runs before the gradient is accumulated
+                p.register_hook(lambda grad, p=p, view=b.view(k): lent.append(p.grad is view))
         try:
             model.register_comm_hook(None, lambda state, bucket: None)
         except macfleet.ConfigError as exc:
@@ -439,6 +447,10 @@ def run(case, out):
         one_barrier = os.environ.get("MACFLEET_SHM_GATHER_BYTES") != "1"
         assert runtime().collectives.last_algorithm == \
             ("shared memory, one barrier" if one_barrier else "shared memory, in place")
+    if lent:  # zero_grad(set_to_none=True) left no gradient: from the second step on (every gradient dense
+        # in the first), the bucket lent its views at backward's start, and autograd added into them
+        count = sum(len(b.params) for b in model.buckets)
+        assert lent == [False] * count + [True] * (len(lent) - count) and len(lent) == STEPS * count, lent
     if case == "zero-in-place":  # nothing replaced the views, so nothing was copied into the buckets
         assert all(p.grad.data_ptr() == b.view(k).data_ptr() for b in model.buckets for k, p in enumerate(b.params))
     if case in ("buffers", "validate-alone"):  # the same input everywhere after rank 0's buffers arrive: identical buffers
