@@ -31,6 +31,9 @@ same size, as a deep network spreads them (batch 128 per rank); ``bn`` is 8 conv
 BatchNorm converted to SyncBatchNorm, as for DDP (batch 32 images of 32x32 per rank, every
 layer's statistics shared in forward and backward; DDP only on a GPU, where torch's runs). Its
 bare model keeps plain BatchNorm: "of bare" includes what sharing the statistics costs.
+``many`` has 162 small parameters (40 blocks of Linear(128, 128) and LayerNorm, 672K numbers;
+a ResNet-50 has 161 parameters), batch 64 per rank: each parameter's gradient hook, Python in
+macfleet and C++ in DDP, costs more there than the gradients' bytes do.
 
 Each job also times the bare model in the same processes with no gradient exchange at all
 (``local``): how fast N ranks can train on this machine if communication were free, the
@@ -63,7 +66,7 @@ from pathlib import Path
 from statistics import median_high  # sorted(xs)[len(xs) // 2], as before
 from typing import Any, Callable
 
-MODELS = {"cnn": 64, "large": 128, "deep": 128, "bn": 32}  # name -> per-rank batch
+MODELS = {"cnn": 64, "large": 128, "deep": 128, "bn": 32, "many": 64}  # name -> per-rank batch
 
 
 def build(name: str):
@@ -80,6 +83,10 @@ def build(name: str):
                                                          nn.ReLU())]
         model = nn.Sequential(*blocks, nn.Linear(1024, 10))
         shape = (1024,)
+    elif name == "many":
+        blocks = [layer for _ in range(40) for layer in (nn.Linear(128, 128), nn.LayerNorm(128), nn.ReLU())]
+        model = nn.Sequential(*blocks, nn.Linear(128, 10))
+        shape = (128,)
     elif name == "bn":
         layers = [nn.Conv2d(3, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU()]
         for _ in range(7):
@@ -281,7 +288,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nprocs", default="1,2,4")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps", "auto"])
-    parser.add_argument("--models", default="cnn,large,deep", help="of cnn, large, deep, bn")
+    parser.add_argument("--models", default="cnn,large,deep", help="of cnn, large, deep, bn, many")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--ddp-backend", default="gloo", choices=["gloo", "nccl"])
     parser.add_argument("--threads-per-rank", type=int, default=0, help="CPU compute threads per rank (0: the "
