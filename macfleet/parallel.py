@@ -570,7 +570,9 @@ class DataParallel(nn.Module):
 
     def _restore_sparse(self) -> None:
         """Gradients that autograd made sparse are sparse again once averaged: an optimizer for
-        them (``SparseAdam``) takes no other kind. Their rows are those any rank touched."""
+        them (``SparseAdam``) takes no other kind. Their rows are those any rank touched. A
+        bucket whose step brought no sparse gradient, and none before, is marked dense: from
+        now on it may lend its views (``Bucket.lend_views``)."""
         for bucket in self.buckets:
             if bucket.sparse:
                 for k, sparse_dim in bucket.sparse.items():

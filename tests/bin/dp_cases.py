@@ -383,17 +383,17 @@ def run(case, out):
         module = model.module
     if case == "ddp-options":
         assert model.broadcast_buffers is True and model.device_ids == [rank]
-    lent = []  # per gradient, whether it came to its bucket's view (``single`` only)
-    if case == "single" and world > 1:
-        for b in model.buckets:
-            for k, p in enumerate(b.params):  # a tensor hook runs before the gradient is accumulated
-                p.register_hook(lambda grad, p=p, view=b.view(k): lent.append(p.grad is view))
         try:
             model.register_comm_hook(None, lambda state, bucket: None)
         except macfleet.ConfigError as exc:
             assert "compression='fp16'" in str(exc), exc
         else:
             raise AssertionError("register_comm_hook was taken")
+    lent = []  # per gradient, whether it came to its bucket's view (``single`` only)
+    if case == "single" and world > 1:
+        for b in model.buckets:
+            for k, p in enumerate(b.params):  # a tensor hook runs before the gradient is accumulated
+                p.register_hook(lambda grad, p=p, view=b.view(k): lent.append(p.grad is view))
     if case in ("local-buffers", "forward-sync-off"):  # the start's sync: none, or rank 0's
         started = macfleet.all_gather(module.net[1].running_mean)[:, 0].tolist()
         assert started == ([float(r) for r in range(world)] if case == "local-buffers" else [0.0] * world), started
