@@ -93,14 +93,19 @@ class Relay(threading.Thread):
             if self.tail is not None and line and not line.startswith("[rank "):
                 self.tail.append(line)
         self.output.end(self.writer)
+        self.stream.close()  # at its end: a restart's agents would otherwise hold a pipe each until collected
 
     def busy(self) -> bool:
         """Writing, or with input to read: getting on with it, not waiting on a stream that may
         never end (a child of the agent that outlived it holds the pipe)."""
         if self.writing:
             return True
+        try:
+            fd = self.stream.fileno()
+        except ValueError:  # closed by ``run``: the stream has ended
+            return False
         poller = select.poll()
-        poller.register(self.stream.fileno(), select.POLLIN)
+        poller.register(fd, select.POLLIN)
         return any(events & (select.POLLIN | select.POLLHUP) for _, events in poller.poll(0))
 
 
