@@ -77,13 +77,15 @@ def start_sshd(directory: Path, addresses: list[str], port: int | None = None,
         lines.append("PermitRootLogin prohibit-password")
         os.makedirs("/run/sshd", exist_ok=True)  # its privilege-separation directory
     config.write_text("\n".join(lines) + "\n")
-    proc = subprocess.Popen([*(prefix or []), SSHD, "-D", "-e", "-f", str(config)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = directory / f"sshd_{addresses[0]}.log"
+    with open(log, "wb") as errors:  # a file, not a pipe: nobody reads sshd's log while it runs, and a full pipe stalls it
+        proc = subprocess.Popen([*(prefix or []), SSHD, "-D", "-e", "-f", str(config)],
+                                stdout=subprocess.DEVNULL, stderr=errors)
     deadline = time.monotonic() + 20
     for addr in addresses:  # ready when every address accepts a connection
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"sshd exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+                raise RuntimeError(f"sshd exited: {log.read_text(errors='replace')}")
             try:
                 probe = [*(prefix or []), sys.executable, "-c",
                          f"import socket; socket.create_connection(('{addr}', {port}), 1).close()"]

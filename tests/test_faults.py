@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -189,7 +190,7 @@ def test_a_live_rank_that_keeps_the_others_waiting_is_shown_where_it_is() -> Non
                       r"waiting", job.stderr)
     assert found, job.stderr
     stall = found.start()
-    stuck = next(n for n, line in enumerate(open(BEHAVE), 1) if "time.sleep(0.05)" in line)
+    stuck = behave_line("time.sleep(0.05)")
     where = f'behave.py", line {stuck}, in next_batch'
     assert where in job.stderr[stall:job.stderr.index("root cause")], job.stderr
     cause = job.stderr[job.stderr.index("root cause"):]
@@ -236,7 +237,7 @@ def test_a_rank_stuck_holding_the_gil_is_shown_where_it_is() -> None:
     assert job.code != 0
     cause = job.stderr[job.stderr.index("root cause"):]
     assert "rank 1 (localhost) sent no heartbeat for 3 s" in cause and "rank 1 was at:" in cause, job.stderr
-    stuck = next(n for n, line in enumerate(open(BEHAVE), 1) if "ctypes.PyDLL(None).sleep(600)" in line)
+    stuck = behave_line("ctypes.PyDLL(None).sleep(600)")
     assert f'behave.py", line {stuck}, in native_deadlock' in cause and "thread MainThread" in cause, cause
     assert "ctypes.PyDLL(None).sleep(600)" in cause  # the line's source, as a traceback shows it
     assert "macfleet/" not in cause and "bootstrap.py" not in cause and "runpy" not in cause, cause
@@ -516,7 +517,7 @@ def test_a_mistake_in_the_script_is_not_restarted() -> None:
 
 def line_of(script: str, text: str) -> int:
     """The number of ``script``'s line that holds ``text``."""
-    return next(i for i, line in enumerate(open(script).read().splitlines(), 1) if text in line)
+    return next(i for i, line in enumerate(Path(script).read_text().splitlines(), 1) if text in line)
 
 
 def behave_line(text: str) -> int:

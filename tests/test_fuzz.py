@@ -37,6 +37,11 @@ def live_job(tmp_path_factory):
     yield {"proc": proc, "stop": stop, "lines": lines, "reader": reader, "ctx": ctx,
            "ring": targets, "coordinator": endpoints[0]["coordinator"]}
     kill_group(proc.pid)
+    proc.wait(timeout=30)
+    reader.join(timeout=10)  # at the pipe's end now, before the pipe is closed under it
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
     ctx.destroy(linger=0)
 
 

@@ -117,7 +117,7 @@ def test_a_crash_in_native_code_is_reported_with_the_script_s_line() -> None:
     assert job.code == 128 + signal.SIGSEGV, job.output
     report = job.stderr[job.stderr.index("root cause"):]
     assert "rank 1 (host localhost" in report and "SIGSEGV" in report
-    crash = next(n for n, line in enumerate(open(BEHAVE), 1) if "string_at(0)" in line)
+    crash = behave_line("string_at(0)")
     assert f'behave.py", line {crash} in <module>' in report, report
 
 

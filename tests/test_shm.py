@@ -11,6 +11,7 @@ import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -330,23 +331,27 @@ def _raises(fn) -> BaseException | None:
     return None
 
 
+def mapped(name: str) -> list[str]:
+    """The lines of this process's memory map that map the file ``name``."""
+    return [line for line in Path("/proc/self/maps").read_text().splitlines() if name in line]
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the mappings from /proc (Linux)")
 def test_a_shared_tensor_is_unmapped_once_nothing_uses_it(tmp_path) -> None:
     groups = make_groups(tmp_path, 2)
     try:
         with ThreadPoolExecutor(2) as pool:
             tensors = list(pool.map(lambda g: g.shared_tensor(4096, torch.float32), groups))
-        mapped = [line for line in open("/proc/self/maps") if "shm-job-0-t1" in line]
-        assert mapped  # both "ranks" (threads of this process) map it
+        assert mapped("shm-job-0-t1")  # both "ranks" (threads of this process) map it
         grad = tensors[0][:10]  # a view outlives the tensor it came from, as a parameter's .grad does
         del tensors
         gc.collect()
         assert all(g._shared == {} for g in groups)
         grad.add_(1)  # still mapped while a view lives
-        assert [line for line in open("/proc/self/maps") if "shm-job-0-t1" in line]
+        assert mapped("shm-job-0-t1")
         del grad
         gc.collect()
-        assert not [line for line in open("/proc/self/maps") if "shm-job-0-t1" in line]
+        assert not mapped("shm-job-0-t1")
     finally:
         close_all(groups)
 
