@@ -78,7 +78,8 @@ def start_sshd(directory: Path, addresses: list[str], port: int | None = None,
         os.makedirs("/run/sshd", exist_ok=True)  # its privilege-separation directory
     config.write_text("\n".join(lines) + "\n")
     log = directory / f"sshd_{addresses[0]}.log"
-    with open(log, "wb") as errors:  # a file, not a pipe: nobody reads sshd's log while it runs, and a full pipe stalls it
+    # a file, not a pipe: nobody reads sshd's log while it runs, and a pipe that fills stalls sshd
+    with open(log, "wb") as errors:
         proc = subprocess.Popen([*(prefix or []), SSHD, "-D", "-e", "-f", str(config)],
                                 stdout=subprocess.DEVNULL, stderr=errors)
     deadline = time.monotonic() + 20
