@@ -1,0 +1,8 @@
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -2
+export PYTHONPATH=/tmp/site
+mkdir -p /tmp/run && cp -r benchmarks .exp /tmp/run/ && cd /tmp/run
+nproc; python3 -c "import torch, zmq; print(torch.__version__, zmq.__version__)"
+for round in 1 2 3; do for n in 2 4; do
+  timeout 200 python3 -m macfleet.launcher.cli launch --nproc $n .exp/onebucket.py 60 4 many 2>&1 | grep RESULT
+done; done 2>&1 | tee $OUT/onebucket.log
