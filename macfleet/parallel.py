@@ -6,8 +6,9 @@ order backward produces their gradients; the first bucket small so communication
 early, the rest up to ``bucket_cap_mb``; one module's parameters never split across two
 buckets, see ``bucket_layout``). Each bucket is one flat tensor on the device and the
 parameters' ``.grad`` are views into it, so a bucket leaves the device in one copy
-(``zero_grad(set_to_none=True)`` drops the views; a small bucket lends them again at the start
-of the next backward, ``Bucket.lend_views``, and a larger one takes each gradient in by a copy).
+(``zero_grad(set_to_none=True)`` drops the views; a small bucket, or one of small parameters,
+lends them again at the start of the next backward, ``Bucket.lend_views``, and any other takes
+each gradient in by a copy).
 
 During backward, a hook on each parameter notes its gradient. When a bucket is complete the
 hook records a device event and hands the bucket to the process's communication thread, which

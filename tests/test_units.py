@@ -37,7 +37,7 @@ from macfleet.launcher.relay import Output, Relay
 from macfleet.launcher.report import pace_report, stood_by_report
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.lines import LONGEST, pieces
-from macfleet.buckets import bucket_layout
+from macfleet.buckets import Bucket, bucket_layout
 from macfleet.ddp_options import input_device, to_device
 from macfleet.same_model import difference, layout
 from macfleet.sampler import DistributedSampler
@@ -960,6 +960,28 @@ def test_buckets_take_whole_modules_in_reverse_order_and_fill_up(widths, biases,
         if i + 1 < len(groups):  # a new bucket starts only when the next module does not fit or differs in kind
             after = [(n, p) for n, p in groups[i + 1] if owner(n) == owner(groups[i + 1][0][0])]
             assert nbytes(group) + nbytes(after) > limit or after[0][1].dtype != group[0][1].dtype
+
+
+def test_a_bucket_of_many_small_gradients_lends_its_views_and_one_of_few_large_gradients_does_not() -> None:
+    """Lending a bucket's views to backward costs a pass over the bucket (zeroing it) and saves
+    a copy from Python per parameter: a bucket of many small gradients lends them whatever its
+    size, and autograd then adds into it; one as large of a few large gradients copies them in."""
+    def bucket(sizes: list[int]) -> Bucket:
+        params = [torch.nn.Parameter(torch.ones(n)) for n in sizes]
+        offsets = [sum(sizes[:k]) for k in range(len(sizes))]
+        made = Bucket(0, params, [f"p{k}" for k in range(len(sizes))], offsets, torch.full((sum(sizes),), 7.0))
+        made.dense = True  # a step has shown every gradient of it dense
+        return made
+
+    small, large = bucket([4096] * 128), bucket([1 << 18] * 2)  # 2 MiB each: of 16 KiB gradients, of 1 MiB
+    assert small.lend_views() and all(p.grad is v for p, v in zip(small.params, small.views, strict=True))
+    sum((k + 1) * p.sum() for k, p in enumerate(small.params)).backward()
+    assert all(p.grad is v for p, v in zip(small.params, small.views, strict=True))  # added into, not replaced
+    expected = torch.cat([torch.full((4096,), float(k + 1)) for k in range(128)])
+    assert torch.equal(small.flat, expected)  # zeroed first: nothing of what the bucket held before
+    assert not large.lend_views() and all(p.grad is None for p in large.params)
+    small.params[0].grad = torch.ones(4096)  # a gradient accumulated already (no_sync) is adopted, never zeroed
+    assert not small.lend_views()
 
 
 # -- host arithmetic threads ------------------------------------------------------------------
