@@ -28,9 +28,10 @@ from macfleet.backends import Device, HostEvent
 
 # Buckets up to LEND_BYTES, or of at most LEND_BYTES_PER_PARAM a parameter on average, hold the
 # gradients from the start of backward (``lend_views``). Lending costs a pass over the bucket
-# (zeroing it) and saves a torch call from Python per parameter: 4-6 us on the device machine,
-# what zeroing some 32 KiB costs. Measured there (benchmarks/results/2026-12-02-session67), a
-# bucket of 1.7 MB and about 100 parameters: the step 4-8% shorter lent than copied.
+# (zeroing it) and saves a torch call from Python per parameter: about 6 us on the device
+# machine (py-spy), about what zeroing 32 KiB takes on one core. Measured there, a bucket of
+# 1.7 MB and about 100 parameters: the step 4-8% shorter lent than copied
+# (benchmarks/results/2026-12-02-session67).
 LEND_BYTES = 1 << 20
 LEND_BYTES_PER_PARAM = 32 << 10
 
