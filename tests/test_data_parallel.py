@@ -54,7 +54,7 @@ JOBS = {
     # otherwise take the one-barrier path through the slots, as in the default job)
     "shm-objects": ({"MACFLEET_SHM_OBJECTS": "1", "MACFLEET_SHM_GATHER_BYTES": "1"}, ["buckets", "fine-tune"]),
     # with the timeline on (launch --timeline), which every case must leave as it is
-    "default": ({"MACFLEET_LAUNCH_TIMELINE": "{out}/timeline.json"}, ["single", "order", "no_sync", "unused-allowed", "zero-in-place", "two-models",
+    "default": ({"MACFLEET_LAUNCH_TIMELINE": "{out}/timeline.json"}, ["single", "wide", "order", "no_sync", "unused-allowed", "zero-in-place", "two-models",
                      "two-models-one-bucket", "sparse", "shares", "rewrap", "compiled", "sync-bn", "checkpoint",
                      "input-gradient", "two-forwards", "in-backward", "copied", "ddp-options", "buffers",
                      "validate-alone", "local-buffers", "forward-sync-off"]),

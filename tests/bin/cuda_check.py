@@ -4,9 +4,10 @@ Checks on every rank, printing one line of JSON: collectives on CUDA tensors (ex
 and inference tensors in place), the DataParallel oracle on CUDA against a CPU run of the
 whole batch (one model, two in one backward, SyncBatchNorm, a reentrant checkpoint, two
 forwards before one backward, a gradient penalty, a custom autograd function's all-reduce
-inside backward, a model fine-tuned with layers unfrozen and a new head after wrapping, a deep
-copy of a wrapper trained on its own, DDP's ``device_ids`` moving the inputs, and
-``torch.compile`` of the wrapper with inductor),
+inside backward, a bucket over 1 MiB lent for the size of its gradients, a model fine-tuned
+with layers unfrozen and a new head after wrapping, a deep copy of a wrapper trained on its
+own, DDP's ``device_ids`` moving the inputs, and ``torch.compile`` of the wrapper with
+inductor),
 memory reports and the cache given back, the memory fraction, and ``PolledEvent`` (how MPS
 events are waited for) on a real device event.
 The oracle also runs with every device copy issued from the thread that runs backward, as on
@@ -145,14 +146,16 @@ gc.collect()
 # what DataParallel's end of backward must find on any device: a reentrant checkpoint over the
 # last layers (the step's first gradients come in a nested backward), two forwards before one
 # backward past a buffer the first one saved, a gradient penalty's autograd.grad, and a custom
-# autograd function's all-reduce in the middle of backward (after the buckets released before it)
-BACKWARD_CASES = ("checkpoint", "two-forwards", "input-gradient", "in-backward")
+# autograd function's all-reduce in the middle of backward (after the buckets released before it);
+# and a bucket of 2.5 MB that lends its views for the size of its gradients (``wide``, default
+# bucket sizes): zeroed on the GPU at backward's start, autograd adds into it
+CASES = ("checkpoint", "two-forwards", "input-gradient", "in-backward", "wide")
 
 
 def case_max_diff(case: str) -> float:
     """``dp_cases`` CASE on the GPU against the same on the CPU on the whole batch."""
     want, net = dp_cases.make(case), dp_cases.for_ranks(case, dp_cases.make(case).to(dev))
-    model = macfleet.DataParallel(net, **tiny)
+    model = macfleet.DataParallel(net, **({} if case == "wide" else tiny))
     for module, run, inputs, targets in ((want, want, x, y), (net, model, xs, ys)):
         opt = oracle.make_optimizer(module)
         for _ in range(6):
@@ -162,7 +165,7 @@ def case_max_diff(case: str) -> float:
     return max_diff(net, want)
 
 
-for case in BACKWARD_CASES:
+for case in CASES:
     out[f"oracle_max_diff_{case}"] = case_max_diff(case)
 gc.collect()
 # MPS's way (Device.copies_from_training_thread): every copy to and from the host buffers
@@ -176,7 +179,7 @@ out["oracle_max_diff_copies_from_training_thread"] = max_diff(model.module, ref)
 del model
 out["oracle_max_diff_two_models_copies_from_training_thread"] = two_models_max_diff()
 out["oracle_max_diff_sync_batch_norm_copies_from_training_thread"] = sync_bn_max_diff()
-for case in BACKWARD_CASES:
+for case in CASES:
     out[f"oracle_max_diff_{case}_copies_from_training_thread"] = case_max_diff(case)
 device_impl.copies_from_training_thread = False
 gc.collect()

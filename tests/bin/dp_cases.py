@@ -14,7 +14,8 @@ step, its model still in training mode, as a quick validation does), ``two-model
 of them in a single bucket), ``backward-raises`` (rank 1 catches an error raised in the middle
 of its backward and tries to go on: it must not), ``zero-in-place``
 (``zero_grad(set_to_none=False)``: gradients stay the buckets' views, and backward accumulates
-into them), ``sparse`` (an ``nn.Embedding(sparse=True)``, trained with ``SparseAdam``: its
+into them), ``wide`` (default bucket sizes, the second bucket 2.5 MB of 200 small heads'
+gradients: lent for the size of its gradients, not its own), ``sparse`` (an ``nn.Embedding(sparse=True)``, trained with ``SparseAdam``: its
 sparse gradient is averaged dense and must come back sparse), ``cast-after-wrap`` (the model is cast to float64 after it was wrapped: the buckets no
 longer fit it, which the first forward must say), ``lazy`` (an ``nn.LazyLinear`` wrapped before
 its first forward: no shapes to lay buckets out by, which the wrapping must say), ``uneven``
@@ -58,6 +59,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import macfleet
+from macfleet.buckets import LEND_BYTES
 from macfleet.runtime import runtime
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
@@ -141,6 +143,21 @@ class SparseEmbedding(nn.Module):
 
     def forward(self, x):
         return self.head(self.embed((x.abs() * 10).long() % 40).flatten(1))
+
+
+class Wide(nn.Module):
+    """200 small heads side by side: 3.5 MB of gradients of 17 KB on average, so that with the
+    default sizes the second bucket (2.5 MB) is over ``buckets.LEND_BYTES`` and lends its views
+    by the size of its gradients alone."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(11)
+        self.heads = nn.ModuleList(nn.Linear(10, 400) for _ in range(200))
+        self.out = nn.Linear(400, 3)
+
+    def forward(self, x):
+        return self.out(torch.stack([torch.tanh(head(x)) for head in self.heads]).mean(0))
 
 
 class RaiseInBackward(torch.autograd.Function):
@@ -274,6 +291,8 @@ def make(case):
         return TwoNorms()
     if case == "sparse":
         return SparseEmbedding()
+    if case == "wide":
+        return Wide()
     if case == "lazy":
         return nn.Sequential(nn.LazyLinear(16), nn.Tanh(), nn.Linear(16, 3))
     model = oracle.make_model()
@@ -346,7 +365,7 @@ def run(case, out):
     if case == "order":
         module.first = "a" if rank % 2 == 0 else "b"
     single = case.endswith("single")
-    options = {} if single else {"bucket_cap_mb": 1e-4, "first_bucket_mb": 1e-4}  # one bucket per module
+    options = {} if single or case == "wide" else {"bucket_cap_mb": 1e-4, "first_bucket_mb": 1e-4}  # one bucket per module
     if case in ("fp16", "bf16"):
         options["compression"] = case
     if case == "unused-allowed":
@@ -377,7 +396,10 @@ def run(case, out):
             model = torch.compile(model, backend="aot_eager")
             torch._dynamo.config.error_on_recompile = True  # a graph compiled once serves every step
         modules = {name.rpartition(".")[0] for name, p in module.named_parameters() if p.requires_grad}
-        assert len(model.buckets) == (1 if single else len(modules)), len(model.buckets)
+        if case == "wide":  # the first bucket (1 MiB) and the rest, lent only by the size of their gradients
+            assert len(model.buckets) == 2 and model.buckets[1].flat.numel() * 4 > LEND_BYTES, model.buckets
+        else:
+            assert len(model.buckets) == (1 if single else len(modules)), len(model.buckets)
     if case == "copied":
         model = copy.deepcopy(model)
         module = model.module
@@ -389,8 +411,8 @@ def run(case, out):
             assert "compression='fp16'" in str(exc), exc
         else:
             raise AssertionError("register_comm_hook was taken")
-    lent = []  # per gradient, whether it came to its bucket's view (``single`` only)
-    if case == "single" and world > 1:
+    lent = []  # per gradient, whether it came to its bucket's view (``single`` and ``wide`` only)
+    if case in ("single", "wide") and world > 1:
         for b in model.buckets:
             for k, p in enumerate(b.params):  # a tensor hook runs before the gradient is accumulated
                 p.register_hook(lambda grad, p=p, view=b.view(k): lent.append(p.grad is view))
@@ -443,14 +465,15 @@ def run(case, out):
                 model(x)
     if world > 1 and case not in NORM_CASES and os.environ.get("MACFLEET_SHM") != "0":
         # one host's ranks keep their buckets in memory they share and reduce them where they are;
-        # these models' buckets are all small enough for the one-barrier path, unless it is off
-        one_barrier = os.environ.get("MACFLEET_SHM_GATHER_BYTES") != "1"
+        # these models' buckets are all small enough for the one-barrier path (wide's last is not), unless it is off
+        one_barrier = os.environ.get("MACFLEET_SHM_GATHER_BYTES") != "1" and case != "wide"
         assert runtime().collectives.last_algorithm == \
             ("shared memory, one barrier" if one_barrier else "shared memory, in place")
     if lent:  # zero_grad(set_to_none=True) left no gradient: from the second step on (every gradient dense
         # in the first), the bucket lent its views at backward's start, and autograd added into them
         count = sum(len(b.params) for b in model.buckets)
-        assert lent == [False] * count + [True] * (len(lent) - count) and len(lent) == STEPS * count, lent
+        assert lent == [False] * count + [True] * (len(lent) - count) and len(lent) == STEPS * count, \
+            (len(lent), count, [k for k, was in enumerate(lent) if was != (k >= count)][:10])  # the first wrong
     if case == "zero-in-place":  # nothing replaced the views, so nothing was copied into the buckets
         assert all(p.grad.data_ptr() == b.view(k).data_ptr() for b in model.buckets for k, p in enumerate(b.params))
     if case in ("buffers", "validate-alone"):  # the same input everywhere after rank 0's buffers arrive: identical buffers
