@@ -26,14 +26,9 @@ from macfleet import runtime as rt
 from macfleet import timeline
 from macfleet.backends import Device, HostEvent
 
-# Buckets up to LEND_BYTES, or of at most LEND_BYTES_PER_PARAM a parameter on average, hold the
-# gradients from the start of backward (``lend_views``). Lending costs a pass over the bucket
-# (zeroing it) and saves a torch call from Python per parameter: about 6 us on the device
-# machine (py-spy), about what zeroing 32 KiB takes on one core. Measured there, a bucket of
-# 1.7 MB and about 100 parameters: the step 4-8% shorter lent than copied
-# (benchmarks/results/2026-12-02-session67).
+# Buckets up to LEND_BYTES, or of at most the device's ``lend_grad_bytes`` a gradient on average,
+# hold the gradients from the start of backward (``lend_views``).
 LEND_BYTES = 1 << 20
-LEND_BYTES_PER_PARAM = 32 << 10
 
 
 @dataclass
@@ -67,19 +62,20 @@ class Bucket:
     def view(self, k: int) -> torch.Tensor:
         return self.views[k]
 
-    def lend_views(self) -> bool:
+    def lend_views(self, grad_bytes: float) -> bool:
         """At the start of a backward: where no parameter of this bucket holds a gradient
         (``zero_grad(set_to_none=True)``, torch's default), zero the bucket and make each
         gradient its view again, so that autograd adds each gradient into the bucket in C++
         instead of handing over new tensors for the gradient hook to copy in, a torch call
         each from Python (run cold after the layer's backward, 10-30 us each). Only where the
-        bucket is small (``LEND_BYTES``) or its parameters are (``LEND_BYTES_PER_PARAM``): for
-        a few large gradients the zeroing pass costs more than the calls it saves. Only once a
-        step has shown every gradient of it dense: a sparse one (``nn.Embedding(sparse=True)``)
-        added into a dense view would stay dense, and ``SparseAdam`` takes no other kind.
-        Returns whether it lent them."""
+        bucket is small (``LEND_BYTES``) or its gradients are, ``grad_bytes`` on average (the
+        device's ``lend_grad_bytes``): autograd then makes two more passes over the memory
+        (zeroing the bucket, reading the zeros back), which for large gradients on the CPU
+        cost more than the calls they save. Only once a step has shown every gradient of it
+        dense: a sparse one (``nn.Embedding(sparse=True)``) added into a dense view would stay
+        dense, and ``SparseAdam`` takes no other kind. Returns whether it lent them."""
         nbytes = self.flat.numel() * self.flat.element_size()
-        if not self.dense or nbytes > max(LEND_BYTES, len(self.params) * LEND_BYTES_PER_PARAM):
+        if not self.dense or nbytes > max(LEND_BYTES, len(self.params) * grad_bytes):
             return False
         for p in self.params:
             if p.grad is not None:  # what was accumulated is adopted as it is

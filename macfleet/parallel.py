@@ -301,7 +301,8 @@ class DataParallel(nn.Module):
         if not self._step.finish_queued:
             self._step.finish_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
-            self._step.lent = [bucket for bucket in self.buckets if bucket.lend_views()]
+            grad_bytes = self.runtime.device.lend_grad_bytes
+            self._step.lent = [bucket for bucket in self.buckets if bucket.lend_views(grad_bytes)]
 
     def _backward_ended(self) -> None:
         step = self._step

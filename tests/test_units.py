@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from conftest import MNIST, write_idx
 from macfleet import ConfigError, hostops, netaddr, wire
-from macfleet.backends import MpsDevice, PolledEvent, check_tensor
+from macfleet.backends import CudaDevice, Device, MpsDevice, PolledEvent, check_tensor
 from macfleet.env import WorkerEnv
 from macfleet.launcher.coordinator import odd_copies, same_batches
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
@@ -963,9 +963,10 @@ def test_buckets_take_whole_modules_in_reverse_order_and_fill_up(widths, biases,
 
 
 def test_a_bucket_of_many_small_gradients_lends_its_views_and_one_of_few_large_gradients_does_not() -> None:
-    """Lending a bucket's views to backward costs a pass over the bucket (zeroing it) and saves
-    a copy from Python per parameter: a bucket of many small gradients lends them whatever its
-    size, and autograd then adds into it; one as large of a few large gradients copies them in."""
+    """Lending a bucket's views to backward costs two passes over the bucket (zeroing it, and
+    reading the zeros back) and saves a copy from Python per parameter: on the CPU a bucket of
+    many small gradients lends them whatever its size, and autograd then adds into it; one as
+    large of a few large gradients copies them in. On CUDA every bucket lends."""
     def bucket(sizes: list[int]) -> Bucket:
         params = [torch.nn.Parameter(torch.ones(n)) for n in sizes]
         offsets = [sum(sizes[:k]) for k in range(len(sizes))]
@@ -973,15 +974,17 @@ def test_a_bucket_of_many_small_gradients_lends_its_views_and_one_of_few_large_g
         made.dense = True  # a step has shown every gradient of it dense
         return made
 
+    cpu = Device().lend_grad_bytes
     small, large = bucket([4096] * 128), bucket([1 << 18] * 2)  # 2 MiB each: of 16 KiB gradients, of 1 MiB
-    assert small.lend_views() and all(p.grad is v for p, v in zip(small.params, small.views, strict=True))
+    assert small.lend_views(cpu) and all(p.grad is v for p, v in zip(small.params, small.views, strict=True))
     sum((k + 1) * p.sum() for k, p in enumerate(small.params)).backward()
     assert all(p.grad is v for p, v in zip(small.params, small.views, strict=True))  # added into, not replaced
     expected = torch.cat([torch.full((4096,), float(k + 1)) for k in range(128)])
     assert torch.equal(small.flat, expected)  # zeroed first: nothing of what the bucket held before
-    assert not large.lend_views() and all(p.grad is None for p in large.params)
+    assert not large.lend_views(cpu) and all(p.grad is None for p in large.params)
+    assert large.lend_views(CudaDevice.lend_grad_bytes) and large.params[1].grad is large.views[1]
     small.params[0].grad = torch.ones(4096)  # a gradient accumulated already (no_sync) is adopted, never zeroed
-    assert not small.lend_views()
+    assert not small.lend_views(CudaDevice.lend_grad_bytes)
 
 
 # -- host arithmetic threads ------------------------------------------------------------------
