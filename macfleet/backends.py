@@ -69,9 +69,10 @@ class Device:
     copies_from_training_thread = False
     # A gradient bucket whose gradients average at most this many bytes lends them its views at
     # backward's start (``Bucket.lend_views``): autograd adds each into the bucket, two more
-    # passes over memory than copying it in from Python, a call per gradient. On the CPU
-    # (device machine, 4 threads a rank) lending shortened the step for gradients of 16 to
-    # 512 KiB and lengthened it at 1 MiB (benchmarks/results/2026-12-02-session68).
+    # passes over memory than copying it in from Python, a call per gradient. On the device
+    # machine's CPU (1, 2 and 4 threads a rank) lending shortened the step (or left it level) for
+    # gradients of 16 to 512 KiB and lengthened it at 1 MiB; on the 2-core machine it lost from
+    # 64 KiB, by 2-3% of the step at 512 KiB (benchmarks/results/2026-12-02-session68).
     lend_grad_bytes: float = 512 << 10
 
     def __init__(self, index: int = 0) -> None:

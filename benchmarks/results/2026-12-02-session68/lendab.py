@@ -38,5 +38,4 @@ for name in sys.argv[3].split(","):
     m = {k: [med([s[j] for s in r]) for j in range(3)] for k, r in rec.items()}
     if rank == 0:
         print(f"N={world} {dev} {name}: buckets {[round(b.flat.numel() * 4 / 2**20, 2) for b in mf.buckets]} MiB; median us (step, backward-wait, wait) copy={m['copy']} lend={m['lend']} lend/copy step {m['lend'][0] / m['copy'][0]:.3f}", flush=True)
-    del mf, opt
 macfleet.shutdown()

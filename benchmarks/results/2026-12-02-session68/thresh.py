@@ -2,7 +2,7 @@
 bias, 8 MiB of them in all), the same DataParallel with every bucket lent and with none, in
 turns. argv: steps threads K[,K...] [device]. Rank 0's medians (us): step, backward (less the wait), wait,
 and the step's difference per gradient (copied minus lent: > 0 where lending pays)."""
-import math, os, sys, time, torch
+import math, sys, time, torch
 from torch import nn
 from torch.nn import functional as F
 import macfleet
@@ -47,5 +47,4 @@ for kib in map(int, sys.argv[3].split(",")):
     if rank == 0:
         nb = [len(b.params) for b in mf.buckets]
         print(f"  K={kib:5d} d={d:4d} layers={layers:4d} buckets={nb} copy={m['copy']} lend={m['lend']} per-grad step {(m['copy'][0]-m['lend'][0])/layers:+.1f} backward {(m['copy'][1]-m['lend'][1])/layers:+.1f}", flush=True)
-    del mf, opt
 macfleet.shutdown()
