@@ -149,7 +149,7 @@ class CudaDevice(Device):
     kind = "cuda"
     # Passes over GPU memory cost less than the copies' calls at any size. On an H200, lending
     # shortened the step for gradients of 64 KiB to 16 MiB, and backward by 0.4-1 ms on models
-    # of 16-64 MiB gradients, whose step (most of it the exchange through the host) moved by
+    # of 8-64 MiB gradients, whose step (most of it the exchange through the host) moved by
     # -4% to +3% (benchmarks/results/2026-12-02-session68).
     lend_grad_bytes = float("inf")
 
