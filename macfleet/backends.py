@@ -238,9 +238,8 @@ class MpsDevice(Device):
     # blitCommandEncoderCommon) on torch 2.8 to 2.15 (pytorch#197805; its fix was reverted).
     # A bucket's copies to and from its host buffer are blits, so they stay on backward's thread.
     copies_from_training_thread = True
-    # The CPU's, unmeasured on Metal: the two passes over 512 KiB that lending adds take about
-    # 10 us of a 100 GB/s Mac's GPU, under the 10-30 us of the copy call it saves.
-    lend_grad_bytes = 512 << 10
+    # ``lend_grad_bytes`` stays the CPU's, unmeasured on Metal: the two passes over 512 KiB that
+    # lending adds take about 10 us of a 100 GB/s Mac's GPU, under the 10-30 us copy call it saves.
 
     @property
     def torch_device(self) -> torch.device:
