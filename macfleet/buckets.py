@@ -47,6 +47,11 @@ class Bucket:
     done: bool = True  # averaged in the current step (set by the communication thread)
     # whether every gradient of it came dense so far (None: no step has ended yet); see ``lend_views``
     dense: bool | None = None
+    # How many times a backward brings each gradient, where more than once: a layer run in several
+    # reentrant checkpoints gets its gradient from each checkpoint's backward of its own. None
+    # until a backward has shown it (``DataParallel._count``).
+    repeats: dict[int, int] | None = None
+    counts: dict[int, int] | None = None  # id(param) -> its gradients so far in this backward, where counted
     # The parameters' gradients as views of ``flat``, made once: a slice and a view_as per
     # gradient per step cost a quarter of the gradient hook's time (cProfile, 202 parameters).
     views: list[torch.Tensor] = field(init=False, repr=False, compare=False)

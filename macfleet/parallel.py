@@ -24,6 +24,11 @@ in one backward (a GAN's generator step) exchange in the same order on every ran
 at the end of backward waits for the last bucket, so when ``loss.backward()`` returns every
 rank holds the same averaged gradients and ``optimizer.step()`` needs no change.
 
+The first backward after the buckets are laid out averages them at its end instead: it counts
+how many times each gradient comes (a layer run in several reentrant checkpoints gets one from
+each), and from then on a bucket is complete once each of its gradients has come that often
+(``_count``).
+
 A script may freeze, unfreeze or add parameters after wrapping (fine-tuning): the first
 training forward after such a change lays the buckets out again (``_lay_out``).
 """
@@ -445,15 +450,53 @@ class DataParallel(nn.Module):
             step.released = 0
             for bucket in self.buckets:
                 bucket.pending, bucket.done = {id(q) for q in bucket.params}, False
+                bucket.counts = {} if bucket.repeats is None or bucket.repeats else None
             if self._comm is None and len(self.buckets) > 1:
                 self._comm = BucketThread.of(self.runtime)
             self._queue_finish()
         bucket, k = self._where[id(p)]
         if p.grad is not bucket.views[k]:  # else it is its view still, or again (``Bucket.lend_views``)
             self._adopt(bucket, k)
-        bucket.pending.discard(id(p))
-        if not bucket.pending and self._comm is not None:
-            self._complete(bucket, self._comm)
+        if bucket.counts is not None and self._count(bucket, p):
+            return
+        pending = bucket.pending
+        if id(p) in pending:
+            pending.discard(id(p))
+            if not pending and self._comm is not None:
+                self._complete(bucket, self._comm)
+        elif not pending and self._comm is not None:
+            self._came_late(bucket, k)
+
+    def _count(self, bucket: Bucket, p: torch.Tensor) -> bool:
+        """Count a gradient of a bucket whose gradients may come more than once in a backward;
+        whether more of this parameter's are to come. A parameter's gradient comes once per
+        backward that reaches it, and a reentrant checkpoint (``use_reentrant=True``) runs a
+        backward of its own: a layer run in two of them (weights shared across depth, as
+        ALBERT's, with gradient checkpointing) gets its gradient twice in the step's backward,
+        the second time added to the first. Averaged at the first, the bucket would go out
+        without the second, which autograd then adds into it while it is exchanged. So the
+        first backward only counts, and its buckets are averaged at its end (DDP's
+        ``static_graph`` learns the same in its first step); from then on a bucket is complete
+        when each of its gradients has come as many times as then."""
+        counts = bucket.counts
+        assert counts is not None
+        came = counts[id(p)] = counts.get(id(p), 0) + 1
+        if bucket.repeats is None:  # the first backward: averaged at its end (``_settle_counts``)
+            return True
+        return came < bucket.repeats.get(id(p), 1)
+
+    def _came_late(self, bucket: Bucket, k: int) -> None:
+        """A gradient came after its bucket had gone to be averaged: autograd added it into the
+        bucket while the bucket is exchanged, so this step's average is lost."""
+        key = id(bucket.params[k])
+        came = "more than once" if bucket.counts is None else f"{bucket.counts[key]} times"
+        learned = (bucket.repeats or {}).get(key, 1)
+        raise ConfigError(
+            f"the gradient of {bucket.names[k]!r} came {came} in this backward, and "
+            f"{'once' if learned == 1 else f'{learned} times'} in DataParallel's first: the last came after its "
+            f"bucket had gone to be averaged, and this step's gradients are lost. A layer run in several reentrant "
+            f"checkpoints gets a gradient from each, so it must run in as many in every step; with "
+            f"torch.utils.checkpoint(..., use_reentrant=False) it gets one gradient whatever the count")
 
     def _complete(self, bucket: Bucket, comm: BucketThread) -> None:
         """Start the complete bucket's copy to the host, and release every bucket whose turn
@@ -514,6 +557,9 @@ class DataParallel(nn.Module):
         (measured 150-250 us on the device machine, as much as a small model's whole exchange)."""
         step, comm, device = self._step, self._comm, self.runtime.device
         step.queued = False
+        for bucket in self.buckets:
+            if bucket.counts is not None:
+                self._settle_counts(bucket, comm)
         unused = [(b, k) for b in self.buckets if b.pending for k, p in enumerate(b.params) if id(p) in b.pending]
         if unused and not self.find_unused_parameters:
             names = ", ".join(b.names[k] for b, k in unused[:5]) + (" ..." if len(unused) > 5 else "")
@@ -560,6 +606,19 @@ class DataParallel(nn.Module):
         step.wait_s = ended - started
         step.ended = (ended, collectives.waited_s)
         self._restore_sparse()
+
+    def _settle_counts(self, bucket: Bucket, comm: BucketThread | None) -> None:
+        """At the end of backward, a bucket whose gradients were counted (``_count``): the
+        first backward says how many times each comes; and a gradient that came, though fewer
+        times than that, came (a checkpointed layer run fewer times in this step)."""
+        counts, bucket.counts = bucket.counts, None
+        assert counts is not None
+        if bucket.repeats is None:
+            bucket.repeats = {key: came for key, came in counts.items() if came > 1}
+        if bucket.pending and counts:
+            bucket.pending.difference_update(counts)
+            if not bucket.pending and comm is not None:
+                self._complete(bucket, comm)
 
     def _note_work(self, now: float) -> None:
         """How long this rank worked since the last step's exchange ended: optimizer step, data,

@@ -57,7 +57,7 @@ JOBS = {
     "default": ({"MACFLEET_LAUNCH_TIMELINE": "{out}/timeline.json"}, ["single", "wide", "order", "no_sync", "unused-allowed", "zero-in-place", "two-models",
                      "two-models-one-bucket", "sparse", "shares", "rewrap", "compiled", "sync-bn", "checkpoint",
                      "input-gradient", "two-forwards", "in-backward", "copied", "ddp-options", "buffers",
-                     "validate-alone", "local-buffers", "forward-sync-off"]),
+                     "validate-alone", "local-buffers", "forward-sync-off", "shared-checkpoints"]),
 }
 CHECKED_IN_THE_JOB = dp_cases.NORM_CASES  # they compare the ranks' buffers themselves
 
@@ -124,6 +124,16 @@ def failed(case: str) -> tuple[Job, str]:
 def test_a_parameter_without_gradient_is_named_not_a_hang(case: str) -> None:
     job, report = failed(case)
     assert "spare.weight" in report and "find_unused_parameters=True" in report
+    assert job.seconds < 30
+
+
+def test_a_gradient_that_comes_once_more_than_in_the_first_backward_is_an_error() -> None:
+    """Its bucket was complete, and went to be averaged, before autograd added the extra
+    gradient into it: the step is lost, and the error says so instead of training on it."""
+    job, report = failed("shared-checkpoints-more")
+    assert "'shared.weight' came 3 times in this backward, and 2 times" in report or \
+        "'shared.bias' came 3 times in this backward, and 2 times" in report, report
+    assert "use_reentrant=False" in report
     assert job.seconds < 30
 
 

@@ -1,15 +1,14 @@
 """The GPU path on CUDA (standing in for Metal): run under `macfleet launch --device cuda`.
 
-Checks on every rank, printing one line of JSON: collectives on CUDA tensors (exact; parameters
-and inference tensors in place), the DataParallel oracle on CUDA against a CPU run of the
-whole batch (one model, two in one backward, SyncBatchNorm, a reentrant checkpoint, two
-forwards before one backward, a gradient penalty, a custom autograd function's all-reduce
-inside backward, a bucket over 1 MiB lent for the size of its gradients, a model fine-tuned
-with layers unfrozen and a new head after wrapping, a deep copy of a wrapper trained on its
-own, DDP's ``device_ids`` moving the inputs, and ``torch.compile`` of the wrapper with
-inductor),
-memory reports and the cache given back, the memory fraction, and ``PolledEvent`` (how MPS
-events are waited for) on a real device event.
+Checks on every rank, printing one line of JSON: collectives on CUDA tensors (exact; parameters and
+inference tensors in place), the DataParallel oracle on CUDA against a CPU run of the whole batch
+(one model, two in one backward, SyncBatchNorm, a reentrant checkpoint, a layer in two reentrant
+checkpoints, two forwards before one backward, a gradient penalty, a custom autograd function's
+all-reduce inside backward, a bucket over 1 MiB lent for the size of its gradients, a model
+fine-tuned with layers unfrozen and a new head after wrapping, a deep copy of a wrapper trained on
+its own, DDP's ``device_ids`` moving the inputs, and ``torch.compile`` of the wrapper with
+inductor), memory reports and the cache given back, the memory fraction, and ``PolledEvent`` (how
+MPS events are waited for) on a real device event.
 The oracle also runs with every device copy issued from the thread that runs backward, as on
 MPS (``Device.copies_from_training_thread``).
 """
@@ -147,9 +146,10 @@ gc.collect()
 # last layers (the step's first gradients come in a nested backward), two forwards before one
 # backward past a buffer the first one saved, a gradient penalty's autograd.grad, and a custom
 # autograd function's all-reduce in the middle of backward (after the buckets released before it);
-# and a bucket of 2.5 MB that lends its views for the size of its gradients (``wide``, default
-# bucket sizes): zeroed on the GPU at backward's start, autograd adds into it
-CASES = ("checkpoint", "two-forwards", "input-gradient", "in-backward", "wide")
+# a layer run in two reentrant checkpoints (its gradient comes twice in one backward); and a
+# bucket of 2.5 MB that lends its views for the size of its gradients (``wide``, default bucket
+# sizes): zeroed on the GPU at backward's start, autograd adds into it
+CASES = ("checkpoint", "two-forwards", "input-gradient", "in-backward", "shared-checkpoints", "wide")
 
 
 def case_max_diff(case: str) -> float:

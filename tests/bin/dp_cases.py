@@ -46,7 +46,10 @@ line reads: ``device_ids=[rank]``, ``output_device``, ``gradient_as_bucket_view`
 ``static_graph``...; its ``register_comm_hook`` must say what to use instead), ``local-buffers``
 (every rank's BatchNorm statistics start from a value of its own, wrapped with
 ``broadcast_buffers=False``: they stay each rank's, from the start, as with DDP),
-``forward-sync-off`` (the same with ``forward_sync_buffers=False``: rank 0's at the start only).
+``forward-sync-off`` (the same with ``forward_sync_buffers=False``: rank 0's at the start only),
+``shared-checkpoints`` (a layer run in two reentrant checkpoints, so that it gets two gradients in
+one backward, the second after the first's bucket was complete; ``shared-checkpoints-more``: in
+three from the third step, one more than the first backward showed, which must be an error).
 """
 
 import copy
@@ -204,6 +207,29 @@ class Checkpointed(nn.Module):
         return Output(checkpoint(self.net[2:], self.net[:2](x), use_reentrant=True))
 
 
+class SharedInCheckpoints(nn.Module):
+    """The oracle's model with one more layer between its first two, run ``runs`` times, each
+    in a reentrant checkpoint of its own (weights shared across depth, as ALBERT's, with Hugging
+    Face's gradient checkpointing): each checkpoint's backward brings that layer a gradient of
+    its own. Its bucket, registered last, is the first to be averaged."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = oracle.make_model()
+        torch.manual_seed(5)
+        self.shared = nn.Linear(32, 32)
+        self.runs = 2
+
+    def forward(self, x):
+        h = self.net[:2](x)
+        for _ in range(self.runs):
+            h = checkpoint(self._shared, h, use_reentrant=True)
+        return self.net[2:](h)
+
+    def _shared(self, h):
+        return torch.tanh(self.shared(h))
+
+
 class Masked(nn.Module):
     """The oracle's model with its first layer's output multiplied by a buffer."""
 
@@ -275,6 +301,8 @@ def make(case):
         return Checkpointed()
     if case == "in-backward":
         return Centred()
+    if case.startswith("shared-checkpoints"):
+        return SharedInCheckpoints()
     if case == "two-forwards":
         return Masked()
     if case == "backward-raises":
@@ -441,6 +469,8 @@ def run(case, out):
                 else:
                     raise AssertionError("the replaced DataParallel still trains")
         opt.zero_grad(set_to_none=case != "zero-in-place")
+        if case == "shared-checkpoints-more" and step == 2:  # its layer in one more checkpoint than before
+            module.runs = 3
         if case == "no_sync":
             half = len(xs) // 2
             with model.no_sync():
