@@ -536,10 +536,19 @@ class DataParallel(nn.Module):
         or an optimizer may have replaced it), keeping what was accumulated. A sparse gradient
         (``nn.Embedding(sparse=True)``) is averaged dense, as Horovod's ``sparse_as_dense``: the
         bucket holds every row anyway, and a sum of sparse rows from N ranks is dense enough.
-        It goes back to the script sparse (``_restore_sparse``)."""
+        It goes back to the script sparse (``_restore_sparse``). A gradient with a graph of its
+        own (``backward(create_graph=True)``) is an error: DDP averages its values and warns
+        that the higher-order terms stay each rank's, so that the ranks' models part."""
         p, view = bucket.params[k], bucket.view(k)
         if p.grad is None:
             view.zero_()
+        elif p.grad.requires_grad:
+            raise ConfigError(
+                f"backward(create_graph=True) gave {bucket.names[k]!r} a gradient that carries its graph: "
+                f"DataParallel averages the ranks' gradients as values, so a second derivative taken through "
+                f"them (a Hessian-vector product, a penalty on them) would be this rank's alone, and the ranks "
+                f"would drift apart. For a penalty on the gradients, take them with torch.autograd.grad(loss, "
+                f"params, create_graph=True) and call backward() on the total: DataParallel averages it whole")
         elif p.grad.layout != torch.strided:
             view.copy_(p.grad.to_dense())
             bucket.sparse[k] = p.grad.sparse_dim()

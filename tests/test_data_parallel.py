@@ -57,7 +57,7 @@ JOBS = {
     "default": ({"MACFLEET_LAUNCH_TIMELINE": "{out}/timeline.json"}, ["single", "wide", "order", "no_sync", "unused-allowed", "zero-in-place", "two-models",
                      "two-models-one-bucket", "sparse", "shares", "rewrap", "compiled", "sync-bn", "checkpoint",
                      "input-gradient", "two-forwards", "in-backward", "copied", "ddp-options", "buffers",
-                     "validate-alone", "local-buffers", "forward-sync-off", "shared-checkpoints"]),
+                     "validate-alone", "local-buffers", "forward-sync-off", "shared-checkpoints", "grad-penalty"]),
 }
 CHECKED_IN_THE_JOB = dp_cases.NORM_CASES  # they compare the ranks' buffers themselves
 
@@ -134,6 +134,17 @@ def test_a_gradient_that_comes_once_more_than_in_the_first_backward_is_an_error(
     assert "'shared.weight' came 3 times in this backward, and 2 times" in report or \
         "'shared.bias' came 3 times in this backward, and 2 times" in report, report
     assert "use_reentrant=False" in report
+    assert job.seconds < 30
+
+
+def test_a_gradient_with_a_graph_of_its_own_is_an_error() -> None:
+    """backward(create_graph=True): the ranks' gradients are averaged as values, so a second
+    derivative through them would be each rank's own. An error that says what to do instead,
+    not torch's in-place error from inside DataParallel's hook."""
+    job, report = failed("create-graph")
+    assert "backward(create_graph=True) gave '4.weight'" in report or \
+        "backward(create_graph=True) gave '4.bias'" in report, report  # the last layer's, the first to come
+    assert "ConfigError" in report and "torch.autograd.grad(loss" in report
     assert job.seconds < 30
 
 

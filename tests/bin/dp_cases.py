@@ -49,7 +49,10 @@ line reads: ``device_ids=[rank]``, ``output_device``, ``gradient_as_bucket_view`
 ``forward-sync-off`` (the same with ``forward_sync_buffers=False``: rank 0's at the start only),
 ``shared-checkpoints`` (a layer run in two reentrant checkpoints, so that it gets two gradients in
 one backward, the second after the first's bucket was complete; ``shared-checkpoints-more``: in
-three from the third step, one more than the first backward showed, which must be an error).
+three from the third step, one more than the first backward showed, which must be an error),
+``grad-penalty`` (a penalty on the parameters' gradients, taken with ``torch.autograd.grad(...,
+create_graph=True)``, then one backward of the total), ``create-graph`` (``backward(create_graph=True)``, gradients with graphs of their own, which must
+be an error).
 """
 
 import copy
@@ -280,11 +283,19 @@ class Centred(nn.Module):
 def loss(case, model, x, y):
     """The step's loss on the batch ``x, y``; ``input-gradient`` adds a penalty on the gradient
     of the output by the input, per sample (so it averages over shards as over the whole batch);
-    ``two-forwards`` is the mean of the losses on the batch and on its negative."""
+    ``grad-penalty`` one on the parameters' gradients, per 8 samples; ``two-forwards`` is the
+    mean of the losses on the batch and on its negative."""
     if case == "two-forwards":
         return (nn.functional.cross_entropy(model(x), y) + nn.functional.cross_entropy(model(-x), y)) / 2
     if case == "checkpoint":
         return nn.functional.cross_entropy(model(x).logits, y)
+    if case == "grad-penalty":  # per 8 samples, a rank's shard of 3: the mean over ranks is the oracle's
+        losses = []
+        for part, want in zip(x.split(8), y.split(8)):
+            ce = nn.functional.cross_entropy(model(part), want)
+            grads = torch.autograd.grad(ce, list(model.parameters()), create_graph=True)
+            losses.append(ce + 0.05 * sum(g.pow(2).sum() for g in grads))
+        return sum(losses) / len(losses)
     if case == "input-gradient":
         x = x.clone().requires_grad_(True)
         out = model(x)
@@ -485,6 +496,8 @@ def run(case, out):
                     raise
                 print(f"caught {exc}", flush=True)
                 continue
+        elif case == "create-graph":  # for a second derivative through the gradients (AdaHessian's)
+            nn.functional.cross_entropy(model(xs), ys).backward(create_graph=True)
         elif case == "compiled":  # a loss module made at every step, as scripts do: registers a buffer
             nn.CrossEntropyLoss()(model(xs), ys).backward()
         else:
