@@ -456,6 +456,8 @@ class DataParallel(nn.Module):
             self._queue_finish()
         bucket, k = self._where[id(p)]
         if p.grad is not bucket.views[k]:  # else it is its view still, or again (``Bucket.lend_views``)
+            if p.grad is None:  # autograd had just given it one: a hook that ran before ours took it
+                raise self._taken(bucket, k, "before")
             self._adopt(bucket, k)
         if bucket.counts is not None and self._count(bucket, p):
             return
@@ -484,6 +486,16 @@ class DataParallel(nn.Module):
         if bucket.repeats is None:  # the first backward: averaged at its end (``_settle_counts``)
             return True
         return came < bucket.repeats.get(id(p), 1)
+
+    def _taken(self, bucket: Bucket, k: int, when: str) -> ConfigError:
+        """A gradient hook of the script's, registered ``when`` DataParallel's, took the gradient
+        away in backward: an optimizer step fused into backward (torch's tutorial on it) steps
+        with this rank's gradient alone, before any average, and the ranks' models part."""
+        return ConfigError(
+            f"the gradient of {bucket.names[k]!r} was taken away in backward by a hook that ran {when} "
+            f"DataParallel's (register_post_accumulate_grad_hook, as an optimizer step fused into backward "
+            f"makes): that step uses this rank's gradient alone, and the ranks' models would drift apart. "
+            f"Step the optimizer after loss.backward(), which returns with every gradient averaged")
 
     def _came_late(self, bucket: Bucket, k: int) -> None:
         """A gradient came after its bucket had gone to be averaged: autograd added it into the
@@ -566,6 +578,11 @@ class DataParallel(nn.Module):
         (measured 150-250 us on the device machine, as much as a small model's whole exchange)."""
         step, comm, device = self._step, self._comm, self.runtime.device
         step.queued = False
+        for bucket in self.buckets:  # the first backward: before any bucket of it goes out
+            if bucket.counts is not None and bucket.repeats is None:
+                for k, p in enumerate(bucket.params):
+                    if id(p) in bucket.counts and p.grad is not bucket.views[k]:
+                        raise self._taken(bucket, k, "after")
         for bucket in self.buckets:
             if bucket.counts is not None:
                 self._settle_counts(bucket, comm)

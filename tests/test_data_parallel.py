@@ -148,6 +148,17 @@ def test_a_gradient_with_a_graph_of_its_own_is_an_error() -> None:
     assert job.seconds < 30
 
 
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_an_optimizer_step_in_a_gradient_hook_is_an_error(when: str) -> None:
+    """A hook that steps with the gradient and drops it, registered before or after
+    DataParallel's own: each rank would step with its own gradient, and the ranks part
+    silently. The first backward says so."""
+    job, report = failed(f"fused-optimizer-{when}")
+    assert f"was taken away in backward by a hook that ran {when} DataParallel's" in report, report
+    assert "Step the optimizer after loss.backward()" in report
+    assert job.seconds < 30
+
+
 def test_a_model_cast_after_wrapping_is_named_at_the_first_forward() -> None:
     job, report = failed("cast-after-wrap")
     assert "ConfigError" in report and "float64" in report and "before wrapping" in report, report

@@ -52,7 +52,9 @@ one backward, the second after the first's bucket was complete; ``shared-checkpo
 three from the third step, one more than the first backward showed, which must be an error),
 ``grad-penalty`` (a penalty on the parameters' gradients, taken with ``torch.autograd.grad(...,
 create_graph=True)``, then one backward of the total), ``create-graph`` (``backward(create_graph=True)``, gradients with graphs of their own, which must
-be an error).
+be an error), ``fused-optimizer-before`` / ``-after`` (an optimizer step in each parameter's
+gradient hook, registered before or after wrapping, which takes the gradient away before it is
+averaged: an error).
 """
 
 import copy
@@ -280,6 +282,14 @@ class Centred(nn.Module):
         return self.net[2:](GlobalCentre.apply(h) if self.distributed else h - h.mean(0))
 
 
+def fused_step(p):
+    """An optimizer step fused into backward, as torch's tutorial on it makes: the parameter
+    steps in its gradient's hook, and the gradient is dropped."""
+    with torch.no_grad():
+        p.add_(p.grad, alpha=-0.1)
+    p.grad = None
+
+
 def loss(case, model, x, y):
     """The step's loss on the batch ``x, y``; ``input-gradient`` adds a penalty on the gradient
     of the output by the input, per sample (so it averages over shards as over the whole batch);
@@ -425,6 +435,9 @@ def run(case, out):
                        forward_sync_buffers=True)
     if case == "options-differ" and rank == 1:  # its buckets laid out with another cap
         options["bucket_cap_mb"] = 1.0
+    if case == "fused-optimizer-before":
+        for p in module.parameters():
+            p.register_post_accumulate_grad_hook(fused_step)
     if case.startswith("two-models"):  # -one-bucket: the critic's single bucket is averaged after the generator's
         g = macfleet.DataParallel(module.g, **options)
         d = macfleet.DataParallel(module.d, **({} if case.endswith("one-bucket") else options))
@@ -439,6 +452,9 @@ def run(case, out):
             assert len(model.buckets) == 2 and model.buckets[1].flat.numel() * 4 > LEND_BYTES, model.buckets
         else:
             assert len(model.buckets) == (1 if single else len(modules)), len(model.buckets)
+    if case == "fused-optimizer-after":
+        for p in module.parameters():
+            p.register_post_accumulate_grad_hook(fused_step)
     if case == "copied":
         model = copy.deepcopy(model)
         module = model.module
