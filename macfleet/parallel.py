@@ -580,8 +580,9 @@ class DataParallel(nn.Module):
         step.queued = False
         for bucket in self.buckets:  # the first backward: before any bucket of it goes out
             if bucket.counts is not None and bucket.repeats is None:
-                for k, p in enumerate(bucket.params):
-                    if id(p) in bucket.counts and p.grad is not bucket.views[k]:
+                for k, p in enumerate(bucket.params):  # by memory, as ``_adopt`` tells (an empty one has none)
+                    grad = p.grad
+                    if id(p) in bucket.counts and (grad is None or grad.data_ptr() != bucket.views[k].data_ptr()):
                         raise self._taken(bucket, k, "after")
         for bucket in self.buckets:
             if bucket.counts is not None:

@@ -57,7 +57,7 @@ JOBS = {
     "default": ({"MACFLEET_LAUNCH_TIMELINE": "{out}/timeline.json"}, ["single", "wide", "order", "no_sync", "unused-allowed", "zero-in-place", "two-models",
                      "two-models-one-bucket", "sparse", "shares", "rewrap", "compiled", "sync-bn", "checkpoint",
                      "input-gradient", "two-forwards", "in-backward", "copied", "ddp-options", "buffers",
-                     "validate-alone", "local-buffers", "forward-sync-off", "shared-checkpoints", "grad-penalty"]),
+                     "validate-alone", "local-buffers", "forward-sync-off", "shared-checkpoints", "grad-penalty", "empty-parameter"]),
 }
 CHECKED_IN_THE_JOB = dp_cases.NORM_CASES  # they compare the ranks' buffers themselves
 

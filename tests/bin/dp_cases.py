@@ -50,11 +50,12 @@ line reads: ``device_ids=[rank]``, ``output_device``, ``gradient_as_bucket_view`
 ``shared-checkpoints`` (a layer run in two reentrant checkpoints, so that it gets two gradients in
 one backward, the second after the first's bucket was complete; ``shared-checkpoints-more``: in
 three from the third step, one more than the first backward showed, which must be an error),
-``grad-penalty`` (a penalty on the parameters' gradients, taken with ``torch.autograd.grad(...,
-create_graph=True)``, then one backward of the total), ``create-graph`` (``backward(create_graph=True)``, gradients with graphs of their own, which must
-be an error), ``fused-optimizer-before`` / ``-after`` (an optimizer step in each parameter's
-gradient hook, registered before or after wrapping, which takes the gradient away before it is
-averaged: an error).
+``empty-parameter`` (a parameter of no elements), ``grad-penalty`` (a penalty on the parameters'
+gradients, taken with ``torch.autograd.grad(..., create_graph=True)``, then one backward of the
+total), ``create-graph`` (``backward(create_graph=True)``, gradients with graphs of their own,
+which must be an error), ``fused-optimizer-before`` / ``-after`` (an optimizer step in each
+parameter's gradient hook, registered before or after wrapping, which takes the gradient away
+before it is averaged: an error).
 """
 
 import copy
@@ -235,6 +236,19 @@ class SharedInCheckpoints(nn.Module):
         return torch.tanh(self.shared(h))
 
 
+class WithEmpty(nn.Module):
+    """The oracle's model plus a parameter of no elements (a layer of width 0, as a configuration
+    can make): autograd gives it an empty gradient of its own, not its bucket's view."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = oracle.make_model()
+        self.empty = nn.Parameter(torch.zeros(0, 3))
+
+    def forward(self, x):
+        return self.net(x) + self.empty.sum(0)
+
+
 class Masked(nn.Module):
     """The oracle's model with its first layer's output multiplied by a buffer."""
 
@@ -324,6 +338,8 @@ def make(case):
         return Centred()
     if case.startswith("shared-checkpoints"):
         return SharedInCheckpoints()
+    if case == "empty-parameter":
+        return WithEmpty()
     if case == "two-forwards":
         return Masked()
     if case == "backward-raises":
