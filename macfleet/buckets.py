@@ -67,6 +67,11 @@ class Bucket:
     def view(self, k: int) -> torch.Tensor:
         return self.views[k]
 
+    def holds(self, k: int, grad: torch.Tensor) -> bool:
+        """Whether ``grad`` lies in the k-th gradient's place in the bucket (any view of that
+        memory; an empty one has none, and is where it should be)."""
+        return grad.data_ptr() == self.views[k].data_ptr()
+
     def lend_views(self, grad_bytes: float) -> bool:
         """At the start of a backward: where no parameter of this bucket holds a gradient
         (``zero_grad(set_to_none=True)``, torch's default), zero the bucket and make each

@@ -200,7 +200,7 @@ class DataParallel(nn.Module):
         self._unhook()
         for bucket in self.buckets:  # gradients leave the old buckets' memory, as they are
             for k, p in enumerate(bucket.params):
-                if p.grad is not None and p.grad.data_ptr() == bucket.view(k).data_ptr():
+                if p.grad is not None and bucket.holds(k, p.grad):
                     p.grad = p.grad.clone()
         with torch.no_grad(), rt.on_behalf_of(caller):
             check_same_model(self.module)
@@ -461,9 +461,9 @@ class DataParallel(nn.Module):
             self._adopt(bucket, k)
         if bucket.counts is not None and self._count(bucket, p):
             return
-        pending = bucket.pending
-        if id(p) in pending:
-            pending.discard(id(p))
+        pending, key = bucket.pending, id(p)
+        if key in pending:
+            pending.discard(key)
             if not pending and self._comm is not None:
                 self._complete(bucket, self._comm)
         elif not pending and self._comm is not None:
@@ -564,7 +564,7 @@ class DataParallel(nn.Module):
         elif p.grad.layout != torch.strided:
             view.copy_(p.grad.to_dense())
             bucket.sparse[k] = p.grad.sparse_dim()
-        elif p.grad.data_ptr() != view.data_ptr():
+        elif not bucket.holds(k, p.grad):
             view.copy_(p.grad)
         else:
             return
@@ -580,10 +580,7 @@ class DataParallel(nn.Module):
         step.queued = False
         for bucket in self.buckets:  # the first backward: before any bucket of it goes out
             if bucket.counts is not None and bucket.repeats is None:
-                for k, p in enumerate(bucket.params):  # by memory, as ``_adopt`` tells (an empty one has none)
-                    grad = p.grad
-                    if id(p) in bucket.counts and (grad is None or grad.data_ptr() != bucket.views[k].data_ptr()):
-                        raise self._taken(bucket, k, "after")
+                self._check_kept(bucket, bucket.counts)
         for bucket in self.buckets:
             if bucket.counts is not None:
                 self._settle_counts(bucket, comm)
@@ -633,6 +630,14 @@ class DataParallel(nn.Module):
         step.wait_s = ended - started
         step.ended = (ended, collectives.waited_s)
         self._restore_sparse()
+
+    def _check_kept(self, bucket: Bucket, came: dict[int, int]) -> None:
+        """At the end of the first backward: every gradient that came is still in its bucket,
+        where ``_adopt`` put it; one that is not was replaced by a hook of the script's that ran
+        after ours (``_taken``)."""
+        for k, p in enumerate(bucket.params):
+            if id(p) in came and (p.grad is None or not bucket.holds(k, p.grad)):
+                raise self._taken(bucket, k, "after")
 
     def _settle_counts(self, bucket: Bucket, comm: BucketThread | None) -> None:
         """At the end of backward, a bucket whose gradients were counted (``_count``): the
