@@ -55,14 +55,30 @@ class Bucket:
     # The parameters' gradients as views of ``flat``, made once: a slice and a view_as per
     # gradient per step cost a quarter of the gradient hook's time (cProfile, 202 parameters).
     views: list[torch.Tensor] = field(init=False, repr=False, compare=False)
+    # where each view's memory starts, and its parameter's, when the view was made (``moved``)
+    places: list[int] = field(init=False, repr=False, compare=False)
+    homes: list[int] = field(init=False, repr=False, compare=False)
     label: str = field(init=False, repr=False, compare=False)  # its name in collectives' errors and timeline
 
     def __post_init__(self) -> None:
-        # never inference tensors, though the model may be wrapped under torch.inference_mode():
-        # they become the parameters' .grad, which training writes outside that mode
-        with torch.inference_mode(False):
-            self.views = [self.flat[o: o + p.numel()].view_as(p) for p, o in zip(self.params, self.offsets)]
+        self.views = [self._make_view(k) for k in range(len(self.params))]
+        self.places = [view.data_ptr() for view in self.views]
+        self.homes = [p.data_ptr() for p in self.params]
         self.label = f"gradient bucket {self.index}"
+
+    def _make_view(self, k: int) -> torch.Tensor:
+        """The k-th gradient's place in ``flat``, laid out as autograd lays out the gradients it
+        makes: with the parameter's strides where they are dense (channels_last), else
+        contiguous. A gradient in another layout than its parameter's is added into more slowly,
+        and torch warned on every rank that the "gradient layout contract" was broken."""
+        offset, p = self.offsets[k], self.params[k]
+        # never an inference tensor, though the model may be wrapped under torch.inference_mode():
+        # it becomes the parameter's .grad, which training writes outside that mode
+        with torch.inference_mode(False):
+            piece = self.flat[offset: offset + p.numel()]
+            if p.is_contiguous():
+                return piece.view_as(p)
+            return piece.as_strided(p.shape, torch.empty_like(p, device="meta").stride())
 
     def view(self, k: int) -> torch.Tensor:
         return self.views[k]
@@ -71,6 +87,29 @@ class Bucket:
         """Whether ``grad`` lies in the k-th gradient's place in the bucket (any view of that
         memory; an empty one has none, and is where it should be)."""
         return grad.data_ptr() == self.views[k].data_ptr()
+
+    def moved(self) -> list[int]:
+        """The positions whose parameter or gradient view lies elsewhere than when the view was
+        made: a module's ``_apply`` converted them (``model.to(...)`` after wrapping). Two
+        pointers a parameter, read at every training forward: a parameter converted to another
+        dtype, device or layout gets new memory, and so does its gradient where it had one."""
+        return [k for k, (p, view) in enumerate(zip(self.params, self.views))
+                if p.data_ptr() != self.homes[k] or view.data_ptr() != self.places[k]]
+
+    def mend_view(self, k: int) -> None:
+        """Make the k-th gradient's view lie in the bucket, in its parameter's layout, again.
+        After wrapping, ``model.to(memory_format=torch.channels_last)`` converts each parameter
+        and sets each gradient's ``.data`` (the view tensor itself, which stays the parameter's
+        ``.grad``) to a converted copy. Autograd then added the gradients into that copy, which
+        no rank exchanges: each rank stepped on its own, and the ranks' models parted, silently.
+        What the copy holds (gradients accumulated under ``no_sync()``) is kept."""
+        p, view = self.params[k], self.views[k]
+        mended = self._make_view(k)
+        with torch.no_grad():
+            mended.copy_(view.clone())  # a clone: the view may still be this memory, in another layout
+        if p.grad is view:
+            p.grad = mended
+        self.views[k], self.places[k], self.homes[k] = mended, mended.data_ptr(), p.data_ptr()
 
     def lend_views(self, grad_bytes: float) -> bool:
         """At the start of a backward: where no parameter of this bucket holds a gradient

@@ -365,15 +365,18 @@ class DataParallel(nn.Module):
     def _check_placement(self) -> None:
         """The buckets were laid out for the parameters' device and dtype at construction; a
         model moved or cast after wrapping (``DataParallel(net).to("mps")``) would otherwise fail
-        inside backward with an error about gradient dtypes, or train on stale views."""
+        inside backward with an error about gradient dtypes, or train on stale views. A model
+        converted otherwise (to channels_last) keeps its buckets, its gradients' views mended."""
         for bucket in self.buckets:
-            for name, p in zip(bucket.names, bucket.params, strict=True):
+            for k in bucket.moved():
+                name, p = bucket.names[k], bucket.params[k]
                 if p.device != bucket.flat.device or p.dtype != bucket.flat.dtype:
                     raise ConfigError(
                         f"parameter {name!r} is {str(p.dtype).replace('torch.', '')} on {p.device}, but "
                         f"DataParallel laid out its gradients for {str(bucket.flat.dtype).replace('torch.', '')} "
                         f"on {bucket.flat.device} when it was built: move or cast the model before wrapping "
                         f"it, as in DataParallel(net.to(device))")
+                bucket.mend_view(k)
 
     def join(self, *, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
              divide_by_initial_world_size: bool = True, enable: bool = True,

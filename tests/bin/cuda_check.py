@@ -148,8 +148,9 @@ gc.collect()
 # autograd function's all-reduce in the middle of backward (after the buckets released before it);
 # a layer run in two reentrant checkpoints (its gradient comes twice in one backward); and a
 # bucket of 2.5 MB that lends its views for the size of its gradients (``wide``, default bucket
-# sizes): zeroed on the GPU at backward's start, autograd adds into it
-CASES = ("checkpoint", "two-forwards", "input-gradient", "in-backward", "shared-checkpoints", "wide")
+# sizes): zeroed on the GPU at backward's start, autograd adds into it; a model in channels_last,
+# before wrapping and after
+CASES = ("checkpoint", "two-forwards", "input-gradient", "in-backward", "shared-checkpoints", "wide", "channels-last")
 
 
 def case_max_diff(case: str) -> float:
@@ -158,7 +159,8 @@ def case_max_diff(case: str) -> float:
     model = macfleet.DataParallel(net, **({} if case == "wide" else tiny))
     for module, run, inputs, targets in ((want, want, x, y), (net, model, xs, ys)):
         opt = oracle.make_optimizer(module)
-        for _ in range(6):
+        for step in range(6):
+            dp_cases.change(case, module, step, rank=0)  # channels-last's conversion; none of CASES makes new parameters
             opt.zero_grad()
             dp_cases.loss(case, run, inputs, targets).backward()
             opt.step()

@@ -50,7 +50,9 @@ line reads: ``device_ids=[rank]``, ``output_device``, ``gradient_as_bucket_view`
 ``shared-checkpoints`` (a layer run in two reentrant checkpoints, so that it gets two gradients in
 one backward, the second after the first's bucket was complete; ``shared-checkpoints-more``: in
 three from the third step, one more than the first backward showed, which must be an error),
-``empty-parameter`` (a parameter of no elements), ``grad-penalty`` (a penalty on the parameters'
+``empty-parameter`` (a parameter of no elements), ``channels-last`` (a convolution in
+channels_last from the start, and at step 3 the whole model converted to it after wrapping,
+its gradients included), ``grad-penalty`` (a penalty on the parameters'
 gradients, taken with ``torch.autograd.grad(..., create_graph=True)``, then one backward of the
 total), ``create-graph`` (``backward(create_graph=True)``, gradients with graphs of their own,
 which must be an error), ``fused-optimizer-before`` / ``-after`` (an optimizer step in each
@@ -249,6 +251,23 @@ class WithEmpty(nn.Module):
         return self.net(x) + self.empty.sum(0)
 
 
+class Convolutional(nn.Module):
+    """Two convolutions over the oracle's 10 features read as a 2x1x5 image, the first in
+    channels_last from the start (``channels-last``): gradients in the layout of their
+    parameters, which is not the buckets' plain one."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1234)
+        self.conv1 = nn.Conv2d(2, 6, (1, 2)).to(memory_format=torch.channels_last)
+        self.conv2 = nn.Conv2d(6, 4, (1, 2))
+        self.head = nn.Linear(4 * 3, 3)
+
+    def forward(self, x):
+        x = torch.tanh(self.conv1(x.view(-1, 2, 1, 5)))
+        return self.head(torch.tanh(self.conv2(x)).flatten(1))
+
+
 class Masked(nn.Module):
     """The oracle's model with its first layer's output multiplied by a buffer."""
 
@@ -340,6 +359,8 @@ def make(case):
         return SharedInCheckpoints()
     if case == "empty-parameter":
         return WithEmpty()
+    if case == "channels-last":
+        return Convolutional()
     if case == "two-forwards":
         return Masked()
     if case == "backward-raises":
@@ -379,7 +400,11 @@ CHANGE_STEP = 3
 
 
 def change(case, module, step, rank):
-    """What ``fine-tune`` and ``rewrap`` do to the model before ``step``; whether they did anything."""
+    """What ``fine-tune``, ``rewrap`` and ``channels-last`` do to the model before ``step``;
+    whether it has new parameters, for which the optimizer is made again."""
+    if case == "channels-last" and step == CHANGE_STEP:
+        module.to(memory_format=torch.channels_last)  # with the gradients it finds: DataParallel's views
+        return False
     if case not in ("fine-tune", "rewrap", "fine-tune-differs") or step != CHANGE_STEP:
         return False
     if case == "fine-tune-differs" and rank != 1:
