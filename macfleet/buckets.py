@@ -92,7 +92,8 @@ class Bucket:
         """The positions whose parameter or gradient view lies elsewhere than when the view was
         made: a module's ``_apply`` converted them (``model.to(...)`` after wrapping). Two
         pointers a parameter, read at every training forward: a parameter converted to another
-        dtype, device or layout gets new memory, and so does its gradient where it had one."""
+        dtype, device or layout gets new memory, made while the old is held, so at another
+        address; and so does its gradient where it had one."""
         return [k for k, (p, view) in enumerate(zip(self.params, self.views))
                 if p.data_ptr() != self.homes[k] or view.data_ptr() != self.places[k]]
 
@@ -104,12 +105,15 @@ class Bucket:
         no rank exchanges: each rank stepped on its own, and the ranks' models parted, silently.
         What the copy holds (gradients accumulated under ``no_sync()``) is kept."""
         p, view = self.params[k], self.views[k]
+        self.homes[k] = p.data_ptr()
         mended = self._make_view(k)
+        if view.data_ptr() == self.places[k] and view.stride() == mended.stride():
+            return  # the parameter alone has new memory, in its old layout (``p.data = ...``): the view stands
         with torch.no_grad():
             mended.copy_(view.clone())  # a clone: the view may still be this memory, in another layout
         if p.grad is view:
             p.grad = mended
-        self.views[k], self.places[k], self.homes[k] = mended, mended.data_ptr(), p.data_ptr()
+        self.views[k], self.places[k] = mended, mended.data_ptr()
 
     def lend_views(self, grad_bytes: float) -> bool:
         """At the start of a backward: where no parameter of this bucket holds a gradient
