@@ -74,6 +74,9 @@ class Device:
     # gradients of 16 to 512 KiB and lengthened it at 1 MiB; on the 2-core machine it lost from
     # 64 KiB, by 2-3% of the step at 512 KiB (benchmarks/results/2026-12-02-session68).
     lend_grad_bytes: float = 512 << 10
+    # Whether a gradient's view in its bucket takes its parameter's dense layout (channels_last)
+    # where that is not the plain one, as autograd's own gradients and DDP's bucket views do.
+    strided_grad_views = True
 
     def __init__(self, index: int = 0) -> None:
         self.index = index
@@ -238,6 +241,11 @@ class MpsDevice(Device):
     # blitCommandEncoderCommon) on torch 2.8 to 2.15 (pytorch#197805; its fix was reverted).
     # A bucket's copies to and from its host buffer are blits, so they stay on backward's thread.
     copies_from_training_thread = True
+    # Plain views here: a channels_last view at an offset into its bucket is the case MPS kernels
+    # have got wrong in silence (the offset ignored: pytorch#175235, fixed in February 2026; a
+    # copy_ between strided views: pytorch#189961, on 2.13). A channels_last model's gradients
+    # are then added into plain views, more slowly, and torch warns once a rank.
+    strided_grad_views = False
     # ``lend_grad_bytes`` stays the CPU's, unmeasured on Metal: the two passes over 512 KiB that
     # lending adds take about 10 us of a 100 GB/s Mac's GPU, under the 10-30 us copy call it saves.
 

@@ -42,6 +42,7 @@ class Bucket:
     flat: torch.Tensor  # on the device; the parameters' .grad are views into it
     host: torch.Tensor | None = None  # reused staging buffer (None when the device is the host)
     scale: float = 1.0  # this rank's gradients count this much in the average (``shares``)
+    strided: bool = True  # views in their parameters' dense layout (``Device.strided_grad_views``)
     pending: set[int] = field(default_factory=set)  # ids of parameters whose gradient has not come yet
     sparse: dict[int, int] = field(default_factory=dict)  # position -> sparse_dim of a gradient that came sparse
     done: bool = True  # averaged in the current step (set by the communication thread)
@@ -70,13 +71,14 @@ class Bucket:
         """The k-th gradient's place in ``flat``, laid out as autograd lays out the gradients it
         makes: with the parameter's strides where they are dense (channels_last), else
         contiguous. A gradient in another layout than its parameter's is added into more slowly,
-        and torch warned on every rank that the "gradient layout contract" was broken."""
+        and torch warned on every rank that the "gradient layout contract" was broken. Plain
+        where the device's kernels are not trusted with such views (``strided``)."""
         offset, p = self.offsets[k], self.params[k]
         # never an inference tensor, though the model may be wrapped under torch.inference_mode():
         # it becomes the parameter's .grad, which training writes outside that mode
         with torch.inference_mode(False):
             piece = self.flat[offset: offset + p.numel()]
-            if p.is_contiguous():
+            if p.is_contiguous() or not self.strided:
                 return piece.view_as(p)
             return piece.as_strided(p.shape, torch.empty_like(p, device="meta").stride())
 

@@ -253,7 +253,8 @@ class DataParallel(nn.Module):
             else:
                 flat = torch.zeros(total, dtype=first.dtype, device=first.device)
                 host = self.runtime.device.host_buffer(total, first.dtype, shared)
-            bucket = Bucket(index, [p for _, p in group], [n for n, _ in group], offsets, flat, host, self.scale)
+            bucket = Bucket(index, [p for _, p in group], [n for n, _ in group], offsets, flat, host, self.scale,
+                            strided=self.runtime.device.strided_grad_views)
             for k, (_, p) in enumerate(group):
                 self._where[id(p)] = (bucket, k)
                 with torch.no_grad():

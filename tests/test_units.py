@@ -987,6 +987,31 @@ def test_a_bucket_of_many_small_gradients_lends_its_views_and_one_of_few_large_g
     assert not small.lend_views(CudaDevice.lend_grad_bytes)
 
 
+@pytest.mark.parametrize("strided", [True, False], ids=["cpu-cuda", "mps"])
+def test_a_bucket_s_views_follow_their_parameters_into_channels_last_and_keep_what_they_hold(strided) -> None:
+    """A module converted after wrapping (``.to(memory_format=torch.channels_last)``) gives its
+    parameters new memory and sets each gradient's ``.data``, our view, to a converted copy.
+    The bucket finds both moved and makes the view again in the bucket, in the parameter's
+    layout where the device takes such views (plain on MPS), with what the gradient held."""
+    conv = torch.nn.Conv2d(3, 4, 2)
+    params = list(conv.parameters())
+    sizes = [p.numel() for p in params]
+    bucket = Bucket(0, params, ["weight", "bias"], [0, sizes[0]], torch.zeros(sum(sizes)), strided=strided)
+    for p, view in zip(params, bucket.views, strict=True):
+        p.grad = view
+    conv.weight.grad.copy_(torch.arange(sizes[0], dtype=torch.float32).view_as(conv.weight))
+    held = conv.weight.grad.clone()
+    assert bucket.moved() == []
+    conv.to(memory_format=torch.channels_last)
+    assert bucket.moved() == [0] and conv.weight.grad.data_ptr() != bucket.flat.data_ptr()  # out of the bucket
+    bucket.mend_view(0)
+    assert bucket.moved() == [] and conv.weight.grad is bucket.views[0]
+    assert conv.weight.grad.data_ptr() == bucket.flat.data_ptr()  # back at its place, the bucket's start
+    assert torch.equal(conv.weight.grad, held)  # the same values, wherever they lie
+    assert conv.weight.grad.is_contiguous(memory_format=torch.channels_last) == strided
+    assert torch.equal(bucket.flat[:sizes[0]], (held.permute(0, 2, 3, 1) if strided else held).flatten())
+
+
 # -- host arithmetic threads ------------------------------------------------------------------
 @pytest.mark.skipif(not torch.backends.openmp.is_available(), reason="torch built without OpenMP")
 def test_a_small_collective_runs_its_arithmetic_on_its_own_thread_only() -> None:
