@@ -368,8 +368,10 @@ class DataParallel(nn.Module):
         model moved or cast after wrapping (``DataParallel(net).to("mps")``) would otherwise fail
         inside backward with an error about gradient dtypes, or train on stale views. A model
         converted otherwise (to channels_last) keeps its buckets, its gradients' views mended."""
+        converted = False
         for bucket in self.buckets:
             for k in bucket.moved():
+                converted = True
                 name, p = bucket.names[k], bucket.params[k]
                 if p.device != bucket.flat.device or p.dtype != bucket.flat.dtype:
                     raise ConfigError(
@@ -378,6 +380,8 @@ class DataParallel(nn.Module):
                         f"on {bucket.flat.device} when it was built: move or cast the model before wrapping "
                         f"it, as in DataParallel(net.to(device))")
                 bucket.mend_view(k)
+        if converted:  # the conversion made new 4-D buffers too, past the registration hooks ``_stale`` reads
+            self._known_buffers = list(self.module.buffers())
 
     def join(self, *, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
              divide_by_initial_world_size: bool = True, enable: bool = True,

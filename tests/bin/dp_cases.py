@@ -52,7 +52,8 @@ one backward, the second after the first's bucket was complete; ``shared-checkpo
 three from the third step, one more than the first backward showed, which must be an error),
 ``empty-parameter`` (a parameter of no elements), ``channels-last`` (a convolution in
 channels_last from the start, and at step 3 the whole model converted to it after wrapping,
-its gradients included), ``grad-penalty`` (a penalty on the parameters'
+its gradients included, and a 4-D buffer, which the conversion replaces: rank 0's must still
+reach every rank's new one), ``grad-penalty`` (a penalty on the parameters'
 gradients, taken with ``torch.autograd.grad(..., create_graph=True)``, then one backward of the
 total), ``create-graph`` (``backward(create_graph=True)``, gradients with graphs of their own,
 which must be an error), ``fused-optimizer-before`` / ``-after`` (an optimizer step in each
@@ -262,9 +263,10 @@ class Convolutional(nn.Module):
         self.conv1 = nn.Conv2d(2, 6, (1, 2)).to(memory_format=torch.channels_last)
         self.conv2 = nn.Conv2d(6, 4, (1, 2))
         self.head = nn.Linear(4 * 3, 3)
+        self.register_buffer("mask", torch.ones(1, 2, 1, 5))  # 4-D: a conversion makes a new one
 
     def forward(self, x):
-        x = torch.tanh(self.conv1(x.view(-1, 2, 1, 5)))
+        x = torch.tanh(self.conv1(x.view(-1, 2, 1, 5) * self.mask))
         return self.head(torch.tanh(self.conv2(x)).flatten(1))
 
 
@@ -576,6 +578,12 @@ def run(case, out):
             (len(lent), count, [k for k, was in enumerate(lent) if was != (k >= count)][:10])  # the first wrong
     if case == "zero-in-place":  # nothing replaced the views, so nothing was copied into the buckets
         assert all(p.grad.data_ptr() == b.view(k).data_ptr() for b in model.buckets for k, p in enumerate(b.params))
+    if case == "channels-last":  # the buffer the conversion made is the one rank 0's goes into
+        module.mask.fill_(rank)
+        model(xs).sum().backward()
+        gathered = macfleet.all_gather(module.mask)
+        assert all(torch.equal(g, gathered[0]) for g in gathered) and gathered[0].sum() == 0, gathered
+        module.mask.fill_(1.0)  # as the oracle's, for the comparison of the saved state
     if case in ("buffers", "validate-alone"):  # the same input everywhere after rank 0's buffers arrive: identical buffers
         model(x)
         mean = model.module.net[1].running_mean
