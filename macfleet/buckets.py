@@ -112,7 +112,9 @@ class Bucket:
         if view.data_ptr() == self.places[k] and view.stride() == mended.stride():
             return  # the parameter alone has new memory, in its old layout (``p.data = ...``): the view stands
         with torch.no_grad():
-            mended.copy_(view.clone())  # a clone: the view may still be this memory, in another layout
+            # a plain clone: the view may still be this memory, in another layout (and a copy from
+            # a plain tensor is the one MPS is trusted with: ``Device.strided_grad_views``)
+            mended.copy_(view.clone(memory_format=torch.contiguous_format))
         if p.grad is view:
             p.grad = mended
         self.views[k], self.places[k] = mended, mended.data_ptr()
