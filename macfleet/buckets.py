@@ -88,7 +88,7 @@ class Bucket:
     def holds(self, k: int, grad: torch.Tensor) -> bool:
         """Whether ``grad`` lies in the k-th gradient's place in the bucket (any view of that
         memory; an empty one has none, and is where it should be)."""
-        return grad.data_ptr() == self.views[k].data_ptr()
+        return grad.data_ptr() == self.places[k]
 
     def moved(self) -> list[int]:
         """The positions whose parameter or gradient view lies elsewhere than when the view was
