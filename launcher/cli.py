@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 import os
 import re
 import shutil
@@ -30,6 +31,18 @@ from macfleet.lines import reopen_closed_std_streams
 def main() -> None:
     """Train one PyTorch model on one or several Macs."""
     reopen_closed_std_streams()
+
+
+class FiniteRange(click.FloatRange):
+    """A FloatRange that refuses nan and inf as well. Both pass its comparisons: a heartbeat
+    timeout of nan never ran out, so a lost Mac was never noticed, and a memory fraction of nan
+    reached every rank, to fail there."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def host_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -80,16 +93,16 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
                 hostfile: str | None, ssh_port: int | None, ssh_identity: str | None,
                 ssh_options: tuple[str, ...], ssh_connect_timeout: int, python: str, cwd: str | None,
                 data_addr: str | None, data_iface: str | None, env_pairs: tuple[str, ...], **rest: Any) -> LaunchConfig:
-    if hosts and hostfile:
+    if hosts is not None and hostfile:
         raise click.UsageError("give --hosts or --hostfile, not both")
     try:
-        if hosts:
+        if hosts is not None:  # "" too: an empty list is a mistake, not this Mac
             host_list = parse_hosts(hosts, nproc or 1)
         elif hostfile:
             host_list = parse_hostfile(hostfile, nproc or 1)
         else:
             host_list = [Host("localhost", nproc or 1)]
-        given = parse_hosts(hosts, 1) if hosts else parse_hostfile(hostfile, 1) if hostfile else host_list
+        given = parse_hosts(hosts, 1) if hosts is not None else parse_hostfile(hostfile, 1) if hostfile else host_list
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--hostfile" if hostfile else "--hosts") from None
     total = sum(h.slots for h in host_list)
@@ -146,12 +159,12 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
 # below it. Out of range, every rank failed in macfleet.init() with "Overflow when unpacking".
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, show_envvar=True,
               help="Base seed; rank r seeds its generators with seed + r.")
-@click.option("--memory-fraction", type=click.FloatRange(0.0, 1.0, min_open=True), default=None, show_envvar=True,
+@click.option("--memory-fraction", type=FiniteRange(0.0, 1.0, min_open=True), default=None, show_envvar=True,
               help="Each process's share of its GPU's memory [default: 0.9 / the processes on that GPU; "
                    "a process alone on its GPU: no cap].")
-@click.option("--heartbeat-timeout", type=click.FloatRange(min=1.0), default=10.0, show_default=True,
+@click.option("--heartbeat-timeout", type=FiniteRange(min=1.0), default=10.0, show_default=True,
               show_envvar=True, help="Seconds without a heartbeat before a rank or host counts as lost.")
-@click.option("--stall-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True, show_envvar=True,
+@click.option("--stall-timeout", type=FiniteRange(min=0), default=60.0, show_default=True, show_envvar=True,
               help="Report ranks that others have waited on this long (0: never).")
 @click.option("--stall-action", type=click.Choice(["warn", "abort"]), default="abort", show_default=True,
               show_envvar=True, help="After a stall report: keep waiting, or abort if it lasts twice as long.")
@@ -350,7 +363,7 @@ def bench() -> None:
 @host_options
 @click.option("--sizes", default="4K,1M,16M,64M,256M", show_default=True, help="Tensor sizes in bytes (K, M, G).")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True)
-@click.option("--budget", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+@click.option("--budget", type=FiniteRange(min=0.05), default=1.0, show_default=True,
               help="Seconds of timing per size and library.")
 @click.option("--shared-tensors", is_flag=True, help="Allocate the tensors with macfleet.host_tensor, in memory "
               "this host's ranks share (as DataParallel's buckets are): macfleet reduces them where they are.")

@@ -74,6 +74,8 @@ def _ipv6_unbracketed(where: str, text: str, slots_after: bool) -> str:
 
 def parse_hosts(text: str, default_slots: int = 1) -> list[Host]:
     """``a:2,b:2,user@c`` -> hosts in order; slots default to ``default_slots``."""
+    if not text.strip():  # --hosts "$HOSTS" with HOSTS unset
+        raise ValueError("--hosts is empty: give hosts as mac1:2,mac2:2, or leave it out to run on this Mac alone")
     hosts = []
     for i, entry in enumerate(p.strip() for p in text.split(",")):
         where = f"--hosts entry {i + 1}"
@@ -93,8 +95,11 @@ def parse_hosts(text: str, default_slots: int = 1) -> list[Host]:
 
 def parse_hostfile(path: str, default_slots: int = 1) -> list[Host]:
     """A hostfile in the format above, or in MLX's JSON (``mlx_hosts``)."""
-    with open(path) as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not a text file (byte {exc.start} is not UTF-8)") from None
     # MLX's: a list of objects or an object; a line of ours may begin with an IPv6 address's "["
     if re.match(r'\s*(\{|\[\s*[{"\]])', text):
         hosts = mlx_hosts(path, text, default_slots)

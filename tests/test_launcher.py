@@ -598,12 +598,19 @@ def test_a_python_without_macfleet_is_named_with_its_fix(tmp_path) -> None:
 
 
 def test_bad_flags_are_usage_errors() -> None:
-    for args in (["--nproc", "0", BEHAVE], ["--hosts", "a:x", BEHAVE], ["--device", "tpu", BEHAVE],
-                 ["--memory-fraction", "1.5", BEHAVE], ["--python", "/no/python", BEHAVE],
-                 ["--cwd", "/no/directory", BEHAVE], ["--seed", str(2**64), BEHAVE], ["--seed", "-1", BEHAVE]):
-        job = run_launch(*args)
-        assert job.code == 2, args
-        assert "Traceback" not in job.stderr and "Error" in job.stderr, job.stderr
+    """nan and inf passed click's ranges: a heartbeat timeout of nan never ran out (a lost Mac
+    was never noticed), and a memory fraction of nan failed every rank."""
+    for args, says in ((["--nproc", "0"], "'--nproc'"), (["--hosts", "a:x"], "'x' in 'a:x' is not a whole number"),
+                       (["--device", "tpu"], "'tpu' is not one of"), (["--memory-fraction", "1.5"], "not in the range"),
+                       (["--python", "/no/python"], "no such program"), (["--cwd", "/no/directory"], "no such directory"),
+                       (["--seed", str(2**64)], "not in the range"), (["--seed", "-1"], "not in the range"),
+                       (["--memory-fraction", "nan"], "'nan' is not a finite number"),
+                       (["--heartbeat-timeout", "nan"], "'nan' is not a finite number"),
+                       (["--stall-timeout", "inf"], "'inf' is not a finite number"),
+                       (["--hosts", ""], "--hosts is empty")):
+        job = run_launch(*args, BEHAVE)
+        assert job.code == 2 and says in job.stderr, (args, job.stderr)
+        assert "Traceback" not in job.stderr and "[rank" not in job.stdout, job.output
 
 
 def test_host_lists_and_knobs_that_would_not_run_as_written_are_usage_errors() -> None:

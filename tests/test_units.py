@@ -233,6 +233,10 @@ def test_host_lists() -> None:
     for bad in ("a:x", "a,,b", "a:0", "a b", "a,a"):
         with pytest.raises(ValueError):
             parse_hosts(bad)
+    # --hosts "$HOSTS" with HOSTS unset ran on this Mac alone, one rank, as if no list were given
+    for empty in ("", " "):
+        with pytest.raises(ValueError, match="--hosts is empty"):
+            parse_hosts(empty)
     assert parse_hosts("[fd00::2]:2")[0].name == "fd00::2"
     with pytest.raises(ValueError, match="link-local IPv6 address, which names an interface of this Mac only"):
         parse_hosts("[fe80::1%en0]:2")
@@ -255,6 +259,9 @@ def test_hostfile_names_the_bad_line(tmp_path) -> None:
     assert [(h.name, h.slots, h.addr, h.user) for h in hosts] == [
         ("mini1", 2, "169.254.0.2", None), ("mini2", 1, None, "alice")]
     refused("mini1 slots=2\nmini2 slots=two\n", r":2: ")
+    path.write_bytes(b"mini1 slots=2\n\xff\xfe")  # a binary file given by mistake: no UnicodeDecodeError
+    with pytest.raises(ValueError, match=r"hosts is not a text file \(byte 14 is not UTF-8\)"):
+        parse_hostfile(str(path))
     # the data-plane address is an address: a name (or a typo) is named with its line
     refused("mini1 addr=[fd00::2]\nmini2 addr=mini2-tb.local\n", r":2: addr=mini2-tb.local is not an IP address")
     path.write_text("mini1 addr=[fd00::2]\n")
