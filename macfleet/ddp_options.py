@@ -20,6 +20,7 @@ at the start where ``broadcast_buffers=False`` drops it, and DDP's None for thos
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields, is_dataclass, replace
 from typing import Any, Sequence
 
@@ -61,6 +62,16 @@ def refuse_ddp_only(options: dict[str, Any]) -> None:
             raise TypeError(f"DataParallel.__init__() got an unexpected keyword argument {name!r}")
         if name in DDP_ONLY and value is not DDP_DEFAULTS.get(name):
             raise ConfigError(f"{name}={value!r}: {DDP_ONLY[name]}")
+
+
+def bucket_bytes(name: str, mib: object) -> int:
+    """A bucket cap given in MiB, in bytes; 0 gives each parameter a bucket of its own, as in DDP.
+    nan and inf failed with a bare ValueError, a negative passed for 0, and a string ("25", as
+    argparse hands it over) with "Exceeds the limit (4300 digits)", after a copy of itself made
+    2 million characters long."""
+    if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not math.isfinite(mib) or mib < 0:
+        raise ConfigError(f"{name}={mib!r}: give a number of MiB, 0 or more")
+    return int(mib * 2**20)
 
 
 def input_device(module: nn.Module, device_ids: Sequence[DeviceId] | None, process_group: object) -> torch.device | None:

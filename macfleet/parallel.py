@@ -51,7 +51,7 @@ from macfleet.arguments import WIRE_DTYPES
 from macfleet.backends import Device, HostEvent
 from macfleet.buckets import Bucket, BucketThread, average, bucket_layout, exchange, stage
 from macfleet.collectives import WORK_DTYPE, Collectives
-from macfleet.ddp_options import DeviceId, input_device, refuse_ddp_only, to_device
+from macfleet.ddp_options import DeviceId, bucket_bytes, input_device, refuse_ddp_only, to_device
 from macfleet.errors import ConfigError, ProtocolError
 from macfleet.join import Join
 from macfleet.same_model import check_same_model
@@ -110,7 +110,7 @@ class DataParallel(nn.Module):
         self.find_unused_parameters = find_unused_parameters
         self.compression = compression
         self._shares = None if shares is None else list(shares)  # as given: each rank's weight (``_attach``)
-        self._caps = int(first_bucket_mb * 2**20), int(bucket_cap_mb * 2**20)
+        self._caps = bucket_bytes("first_bucket_mb", first_bucket_mb), bucket_bytes("bucket_cap_mb", bucket_cap_mb)
         self._forget_place()
         self._attach(rt.runtime())
         if self.runtime.world_size == 1:

@@ -233,6 +233,17 @@ def test_ddp_s_none_defaults_and_new_buffer_option_mean_what_they_mean_there() -
     assert model._caps == (1 << 20, 25 << 20) and model.broadcast_buffers is True
     assert macfleet.DataParallel(nn.Linear(2, 2), forward_sync_buffers=False).broadcast_buffers is False
     assert macfleet.DataParallel(nn.Linear(2, 2), broadcast_buffers=False, forward_sync_buffers=True).broadcast_buffers
+    assert macfleet.DataParallel(nn.Linear(2, 2), bucket_cap_mb=0, first_bucket_mb=0.5)._caps == (1 << 19, 0)
+
+
+@pytest.mark.parametrize("option, value", [("bucket_cap_mb", float("nan")), ("bucket_cap_mb", float("inf")),
+                                           ("bucket_cap_mb", -1), ("bucket_cap_mb", "25"), ("first_bucket_mb", True)])
+def test_a_bucket_cap_that_is_no_size_is_named(option: str, value: object) -> None:
+    """nan and inf failed with bare ValueError and OverflowError, a negative passed for 0, and
+    "25" (a string from argparse) with "Exceeds the limit (4300 digits) for integer string
+    conversion"."""
+    with pytest.raises(macfleet.ConfigError, match=rf"^{option}={value!r}: give a number of MiB, 0 or more$"):
+        macfleet.DataParallel(nn.Linear(2, 2), **{option: value})
 
 
 def test_buffers_are_broadcast_from_rank_0(dp_job) -> None:
