@@ -28,6 +28,11 @@ def check_all_reduce(tensor: torch.Tensor, op: str, name: str, compression: str)
     if compression not in WIRE_DTYPES:
         raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
     if op not in REDUCE_OPS:
+        # torch.distributed's ReduceOp.SUM, as a ported dist.all_reduce line passes it
+        ours = str(getattr(op, "name", "")).lower()
+        if ours in REDUCE_OPS:
+            raise ConfigError(f"all_reduce op {op!r} is torch.distributed's: give {ours!r} (macfleet's ops are "
+                              f"{', '.join(REDUCE_OPS)})")
         raise ConfigError(f"all_reduce op {op!r}: choose one of {', '.join(REDUCE_OPS)}")
     if op == "avg" and not numbers.dtype.is_floating_point:
         raise ConfigError(f"all_reduce op 'avg' needs a floating-point tensor; {name} is {tensor.dtype}")
@@ -36,6 +41,8 @@ def check_all_reduce(tensor: torch.Tensor, op: str, name: str, compression: str)
 def check_broadcast(tensor: torch.Tensor, src: int, world: int, name: str) -> None:
     _numbers_to_check(tensor, name)
     _check_writable(tensor, name, "broadcast")  # on the source too: every rank is refused alike
+    if isinstance(src, bool) or not isinstance(src, int):  # 1.0 failed inside, at a shift of the source's bits
+        raise ConfigError(f"broadcast src={src!r} must be a rank's number, an int")
     if not 0 <= src < world:
         raise ConfigError(f"broadcast src={src} is not a rank of this job (world size {world})")
 

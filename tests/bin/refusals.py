@@ -5,6 +5,7 @@ import warnings
 
 import macfleet
 import torch
+import torch.distributed as dist
 
 warnings.filterwarnings("ignore", "The PyTorch API of nested tensors is in prototype stage")
 
@@ -15,6 +16,7 @@ CASES = {
     "sparse-csr": lambda: macfleet.all_gather(torch.eye(3).to_sparse_csr()),
     "meta": lambda: macfleet.broadcast(torch.empty(3, device="meta"), 0),
     "op": lambda: macfleet.all_reduce(torch.ones(3), op="prod"),
+    "torch-op": lambda: macfleet.all_reduce(torch.ones(3), op=dist.ReduceOp.SUM),  # a ported dist.all_reduce line
     "avg-of-ints": lambda: macfleet.all_reduce(torch.ones(3, dtype=torch.int64), op="avg"),
     "avg-of-bools": lambda: macfleet.all_reduce(torch.ones(3, dtype=torch.bool), op="avg"),
     "max-of-complex": lambda: macfleet.all_reduce(torch.ones(3, dtype=torch.complex64), op="max"),
@@ -22,6 +24,7 @@ CASES = {
     "compression": lambda: macfleet.all_reduce(torch.ones(3), compression="zip"),
     "not-a-tensor": lambda: macfleet.all_gather([1.0, 2.0]),
     "src": lambda: macfleet.broadcast(torch.ones(3), src=-1),
+    "src-float": lambda: macfleet.broadcast(torch.ones(3), src=1.0),
     "nested": lambda: macfleet.all_reduce(torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])),
     "expanded": lambda: macfleet.all_reduce(torch.ones(1).expand(4)),
     "expanded-broadcast": lambda: macfleet.broadcast(torch.zeros(3, 1).expand(3, 4), 0),
