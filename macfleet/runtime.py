@@ -80,7 +80,8 @@ _left_history: History | None = None  # its last collectives, for an error that 
 
 
 def init(device: str | None = None, streams: int | None = None, timeout_s: float | None = None) -> Runtime:
-    """Join the job (or become a job of one). Idempotent: a second call returns the same runtime.
+    """Join the job (or become a job of one). Idempotent: a second call returns the same runtime
+    (one that asks for another device is refused: the first call chose it).
 
     ``device`` overrides ``MACFLEET_DEVICE``; ``streams`` is the number of socket pairs per
     ring direction, used by every ring (default ``MACFLEET_STREAMS``, else two-member rings
@@ -90,6 +91,11 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
     """
     global _runtime
     if _runtime is not None:
+        # a second init(device="cuda") after a first that chose the CPU was taken, and the
+        # script went on believing itself on the GPU
+        if device not in (None, "auto") and device != _runtime.device.kind:
+            raise ConfigError(f"macfleet.init(device={device!r}): this process joined the job on "
+                              f"{_runtime.device.kind} at its first macfleet.init(), which chooses the device")
         return _runtime
     if _left is not None:  # joining again would wait for a rendezvous that is long over, unheard (no secret)
         raise ConfigError(LEFT)

@@ -70,6 +70,19 @@ def test_a_world_size_from_another_launcher_is_refused_not_trained_alone() -> No
     assert "ConfigError" in proc.stderr and "macfleet launch --nproc 2" in proc.stderr, proc.stderr
 
 
+def test_a_second_init_that_asks_for_another_device_is_refused() -> None:
+    """It returned the first call's runtime, on the CPU, to a script that went on believing
+    itself on the GPU it had asked for."""
+    import macfleet
+
+    first = macfleet.init()  # a job of one, here: no launcher
+    assert macfleet.init(device="auto") is first and macfleet.init(device=first.device.kind) is first
+    other = "mps" if first.device.kind != "mps" else "cpu"
+    with pytest.raises(ConfigError, match=rf"^macfleet.init\(device='{other}'\): this process joined the job on "
+                                          rf"{first.device.kind} at its first macfleet.init\(\)"):
+        macfleet.init(device=other)
+
+
 def test_every_exported_name_resolves_and_every_lazy_name_is_exported() -> None:
     import macfleet
 
