@@ -587,7 +587,7 @@ def test_a_bad_checkpoint_is_a_one_line_error(tmp_path) -> None:
     torch.save({"weights": 1}, foreign)
     with pytest.raises(macfleet.ConfigError, match="not a macfleet checkpoint"):
         macfleet.checkpoint.load(str(foreign), nn.Linear(4, 2))
-    with pytest.raises(macfleet.ConfigError, match="cannot read checkpoint .*missing.pt: No such file"):
+    with pytest.raises(macfleet.ConfigError, match="^rank 0 cannot read checkpoint .*missing.pt: No such file"):
         macfleet.checkpoint.load(str(tmp_path / "missing.pt"), nn.Linear(4, 2))
 
 
@@ -648,8 +648,10 @@ def test_a_checkpoint_resumes_in_a_job_of_another_size(tmp_path) -> None:
         assert f"written by a job of {before} ranks and this one has {after}" in job.stderr, job.stderr
 
     two, three, script = str(tmp_path / "two.pt"), str(tmp_path / "three.pt"), str(BIN / "reshard.py")
-    saved = run_launch("--nproc", "2", script, "save", two)
+    saved = run_launch("--nproc", "2", script, "missing", str(tmp_path / "nothere.pt"), "save", two)
     assert saved.code == 0, saved.output
+    said = f"MISSING rank 0 cannot read checkpoint {tmp_path / 'nothere.pt'}: No such file or directory"
+    assert saved.stdout.count(said) == 2, saved.stdout
     resumed(run_launch("--nproc", "3", script, "load", two, "save", three), before=2, after=3)
     resumed(run_launch("--nproc", "2", script, "load", three), before=3, after=2)
 

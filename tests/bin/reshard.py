@@ -5,7 +5,7 @@
 it resumed: step, epoch, its sampler's first index and remaining length, and whether the
 parameters are the saved ones. ``load A save B`` does both in one job, in that order (a
 rank's start is mostly importing torch), so that one job reads one size's checkpoint and
-writes its own.
+writes its own. ``missing PATH``: a load from a file that is not there, whose error each rank prints.
 """
 
 import json
@@ -36,6 +36,15 @@ def save(path):
     macfleet.checkpoint.save(path, model, opt, step=7, epoch=2, sampler=sampler, sampler_consumed=7)
 
 
+def missing(path):
+    """Load from a file rank 0 does not have: every rank names rank 0's reason (the others said
+    only that rank 0 could not read it, and the first of them to fail was the root cause)."""
+    try:
+        macfleet.checkpoint.load(path, make(2))
+    except macfleet.ConfigError as exc:
+        print("MISSING", exc, flush=True)
+
+
 def load(path):
     sampler = new_sampler()
     model = make(2)
@@ -55,5 +64,5 @@ def load(path):
 
 macfleet.init()
 for mode, path in zip(sys.argv[1::2], sys.argv[2::2], strict=True):
-    {"save": save, "load": load}[mode](path)
+    {"save": save, "load": load, "missing": missing}[mode](path)
 macfleet.shutdown()
