@@ -325,9 +325,13 @@ def shutdown() -> None:
     call twice."""
     global _runtime, _left, _left_history
     rt, _runtime = _runtime, None
-    if rt is None or rt.ctx is None or rt.pid != os.getpid():
+    if rt is None or rt.pid != os.getpid():
         return  # nothing to close; or a forked child's exit, whose sockets and job directory are its parent's
     _left = Runtime(rt.env, rt.device, None, None, None)  # what it was, without the means (buffers, sockets)
+    if rt.ctx is None:
+        # a job of one (plain `python train.py`) has nothing to close, but has left all the same: a
+        # collective after this ran there and was refused only under the launcher
+        return
     _orphaned(rt.env)
     _left_history = rt.collectives.history if rt.collectives is not None else None
     if rt.collectives is not None:

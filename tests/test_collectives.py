@@ -286,7 +286,8 @@ def test_python_objects_are_gathered_and_broadcast(world: int) -> None:
 def test_arguments_refused_in_a_job_are_refused_alone_too() -> None:
     """A script tried with plain ``python train.py`` (a job of one) before it is launched: every
     collective returned there whatever its arguments (an op that does not exist, a sparse
-    tensor, a source that is no rank), and was refused only under the launcher. A sparse,
+    tensor, a source that is no rank), or after macfleet.shutdown(), and was refused only under
+    the launcher. A sparse,
     nested or meta tensor, or an expanded one to write into, was refused in a job with torch's
     own words from deep inside ("reshape is not implemented for sparse tensors"), some of them
     once the other ranks were waiting in the collective."""
@@ -295,7 +296,7 @@ def test_arguments_refused_in_a_job_are_refused_alone_too() -> None:
     job = run_launch("--nproc", "2", script, timeout=120)
     assert alone.returncode == 0 and job.code == 0, (alone.stderr, job.output)
     lines = [line for line in alone.stdout.splitlines() if ": " in line]
-    assert len(lines) == 17 and all(": ConfigError: " in line for line in lines), alone.stdout
+    assert len(lines) == 18 and all(": ConfigError: " in line for line in lines), alone.stdout
     # torch.distributed's op is named with ours; a float source failed at a shift of its bits
     assert "is torch.distributed's: give 'sum' (macfleet's ops are sum, avg, max, min)" in alone.stdout, alone.stdout
     assert "src-float: ConfigError: broadcast src=1.0 must be a rank's number, an int" in alone.stdout

@@ -28,6 +28,8 @@ CASES = {
     "nested": lambda: macfleet.all_reduce(torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])),
     "expanded": lambda: macfleet.all_reduce(torch.ones(1).expand(4)),
     "expanded-broadcast": lambda: macfleet.broadcast(torch.zeros(3, 1).expand(3, 4), 0),
+    # last: a job of one ran a collective after shutdown (and so a script refused under the launcher)
+    "after-shutdown": lambda: (macfleet.shutdown(), macfleet.all_reduce(torch.ones(3))),
 }
 for case, call in CASES.items():
     try:
