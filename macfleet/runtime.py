@@ -222,11 +222,20 @@ def _refuse_subprocess_of_a_rank() -> None:
     owner = os.environ.get("MACFLEET_RANK_PID")
     if not owner or owner == str(os.getpid()):
         return
-    error = ConfigError(
-        f"macfleet.init() was called in a subprocess of rank {os.environ.get('RANK', '?')} (pid {owner}), "
-        f"such as a DataLoader worker, which re-runs the script's top level when started with 'spawn' "
-        f"(the default on macOS): only the rank's own process joins the job. Call macfleet.init() and "
-        f"train under `if __name__ == \"__main__\":` (a worker can read its rank from the RANK variable)")
+    rank = os.environ.get("RANK", "?")
+    if _rerunning_the_script():
+        error = ConfigError(
+            f"macfleet.init() was called in a subprocess of rank {rank} (pid {owner}), such as a DataLoader "
+            f"worker, which re-runs the script's top level when started with 'spawn' (the default on macOS): "
+            f"only the rank's own process joins the job. Call macfleet.init() and train under "
+            f"`if __name__ == \"__main__\":` (a worker can read its rank from the RANK variable)")
+    else:  # a function the process was started with: the DDP script that spawns its own workers
+        error = ConfigError(
+            f"macfleet.init() was called in a process that rank {rank} (pid {owner}) started, as "
+            f"torch.multiprocessing.spawn starts a DDP script's workers: under macfleet launch each rank is "
+            f"one process already, and only the rank's own joins the job. Call the training function in the "
+            f"script itself (mp.spawn(main, nprocs=N) becomes main(macfleet.local_rank(), ...)) and give "
+            f"macfleet launch --nproc N")
     path = os.environ.get("MACFLEET_ERROR_FILE")
     if path and not os.path.exists(path):  # the rank's report then names this, not "DataLoader worker exited"
         try:
@@ -234,6 +243,18 @@ def _refuse_subprocess_of_a_rank() -> None:
         except OSError:
             pass
     raise error
+
+
+def _rerunning_the_script() -> bool:
+    """Whether this process is re-running the script's top level, as multiprocessing's 'spawn'
+    does in every process it starts (it imports the script as ``__mp_main__``), rather than
+    running a function it was started with."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def runtime() -> Runtime:

@@ -691,6 +691,32 @@ def test_a_dataloader_worker_that_re_runs_the_script_is_told_to_use_a_main_guard
     assert "ConfigError" in root and "subprocess of rank" in root and '__name__ == "__main__"' in root, root
 
 
+SPAWNS_ITS_WORKERS = """
+import torch, torch.multiprocessing as mp
+import macfleet
+
+def main(local_rank, world_size):
+    macfleet.init()
+    print("joined", flush=True)
+
+if __name__ == "__main__":
+    mp.spawn(main, args=(2,), nprocs=1)
+"""
+
+
+def test_a_ddp_script_that_spawns_its_own_workers_is_told_to_call_them_itself(tmp_path) -> None:
+    """A DDP script run without torchrun starts its workers with mp.spawn. Each worker's
+    init() was refused with the advice for a DataLoader worker, to use a main guard, which the
+    script already has."""
+    script = tmp_path / "spawns.py"
+    script.write_text(SPAWNS_ITS_WORKERS)
+    job = run_launch("--nproc", "1", str(script), timeout=90)
+    assert job.code == 1 and "joined" not in job.stdout, job.output
+    root = job.stderr[job.stderr.index("root cause"):].split("other ranks")[0]
+    assert "ConfigError: macfleet.init() was called in a process that rank 0" in root, root
+    assert "mp.spawn(main, nprocs=N) becomes main(macfleet.local_rank(), ...)" in root and "__main__" not in root
+
+
 def test_a_collective_in_a_forked_dataloader_worker_is_refused() -> None:
     """Linux's DataLoader workers are forked: they inherit the rank's runtime, and a collective
     there ran through the rank's own sockets and shared-memory slots, beside its collectives.
