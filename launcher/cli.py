@@ -45,6 +45,15 @@ class FiniteRange(click.FloatRange):
         return number
 
 
+def not_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """"" for a path, a program or an interface (``--log-dir "$LOGS"`` with LOGS unset) was
+    taken for the current directory (--cwd, --log-dir) or for no choice at all (--data-iface,
+    --ssh-identity): a mistake, named as one. (An empty MACFLEET_* variable is unset to click.)"""
+    if value == "":
+        raise click.BadParameter("is empty: give a value, or leave the option out", ctx, param)
+    return value
+
+
 def host_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Where to run and how to get there, and what the ranks run with: shared by every command
     that starts a job."""
@@ -62,7 +71,8 @@ def reach_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Hosts from a file: 'host slots=N [addr=IP[,IP...]] [share=N]' per line, # comments; "
                           "or MLX's JSON hostfile."),
         click.option("--ssh-port", type=click.IntRange(1, 65535), default=None, help="ssh port of the remote hosts."),
-        click.option("--ssh-identity", type=click.Path(dir_okay=False), default=None, help="ssh private key."),
+        click.option("--ssh-identity", type=click.Path(dir_okay=False), callback=not_empty, default=None,
+                     help="ssh private key."),
         click.option("--ssh-option", "ssh_options", multiple=True, metavar="KEY=VALUE",
                      help="Extra ssh -o option (repeatable)."),
         click.option("--ssh-connect-timeout", type=click.IntRange(1, 600), default=10, show_default=True,
@@ -76,12 +86,14 @@ def reach_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def job_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """What a job's agents and ranks run with on every host."""
     options = [
-        click.option("--python", "python", default=sys.executable, show_default=True,
+        click.option("--python", "python", callback=not_empty, default=sys.executable, show_default=True,
                      help="Python interpreter on the hosts (with macfleet and torch installed)."),
-        click.option("--cwd", default=None, help="Working directory on every host [default: the current one]."),
-        click.option("--data-addr", default=None, metavar="IP[,IP...]",
+        click.option("--cwd", callback=not_empty, default=None,
+                     help="Working directory on every host [default: the current one]."),
+        click.option("--data-addr", callback=not_empty, default=None, metavar="IP[,IP...]",
                      help="This Mac's data-plane address (e.g. a Thunderbolt bridge IP), or one per cable."),
-        click.option("--data-iface", default=None, help="Train over this interface on every host (e.g. bridge0)."),
+        click.option("--data-iface", callback=not_empty, default=None,
+                     help="Train over this interface on every host (e.g. bridge0)."),
         click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Extra environment for every rank."),
     ]
     for option in reversed(options):
@@ -174,12 +186,12 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
               help="Go on without hosts that cannot be reached (asleep, off the network) while this many remain: "
                    "at the start, and at each restart [default: every host].")
 @click.option("--allow-version-mismatch", is_flag=True, help="Run even if hosts have different torch/macfleet.")
-@click.option("--log-dir", type=click.Path(file_okay=False), default=None, show_envvar=True,
+@click.option("--log-dir", type=click.Path(file_okay=False), callback=not_empty, default=None, show_envvar=True,
               help="Also write each rank's output to DIR/rank-K.log on the rank's host (relative to --cwd); "
                    "a restart appends.")
-@click.option("--show-ranks", default=None, metavar="RANKS", show_envvar=True,
+@click.option("--show-ranks", callback=not_empty, default=None, metavar="RANKS", show_envvar=True,
               help="Show only these ranks' output on the terminal, e.g. 0 or 0,4-7 (--log-dir keeps every rank's).")
-@click.option("--timeline", type=click.Path(dir_okay=False), default=None, show_envvar=True,
+@click.option("--timeline", type=click.Path(dir_okay=False), callback=not_empty, default=None, show_envvar=True,
               help="Write when every rank's collectives, forwards, backwards and waits ran to FILE on this Mac, "
                    "for https://ui.perfetto.dev or chrome://tracing.")
 @click.option("-m", "--module", is_flag=True, help="SCRIPT is a module, run as python -m runs it (from --cwd).")
@@ -336,9 +348,9 @@ def doctor(megabytes: int, **hosts: Any) -> None:
 
 @main.command()
 @reach_options
-@click.option("--subnet", default=DEFAULT_SUBNET, show_default=True,
+@click.option("--subnet", callback=not_empty, default=DEFAULT_SUBNET, show_default=True,
               help="The range each cable's /30 comes from (one no network of these Macs uses).")
-@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+@click.option("--output", "-o", type=click.Path(dir_okay=False), callback=not_empty, default=None,
               help="Write the hostfile here (else it is printed).")
 def cabling(subnet: str, output: str | None, **hosts: Any) -> None:
     """Find the Thunderbolt cables between Macs: print each Mac's commands that give every cable
@@ -369,7 +381,8 @@ def bench() -> None:
               "this host's ranks share (as DataParallel's buckets are): macfleet reduces them where they are.")
 @click.option("--no-gloo", is_flag=True, help="Time macfleet's alone (left out anyway where a host has one address "
               "per cable: gloo connects every rank to every other, over one interface).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), callback=not_empty, default=None,
+              help="Also write the results here.")
 def bench_allreduce(sizes: str, dtype: str, budget: float, shared_tensors: bool, no_gloo: bool, json_path: str | None,
                     **hosts: Any) -> None:
     """Time macfleet's all-reduce and gloo's on the same processes and tensors, side by side."""

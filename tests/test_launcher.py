@@ -599,7 +599,8 @@ def test_a_python_without_macfleet_is_named_with_its_fix(tmp_path) -> None:
 
 def test_bad_flags_are_usage_errors() -> None:
     """nan and inf passed click's ranges: a heartbeat timeout of nan never ran out (a lost Mac
-    was never noticed), and a memory fraction of nan failed every rank."""
+    was never noticed), and a memory fraction of nan failed every rank. An empty --hosts ran one
+    rank on this Mac, an empty --log-dir wrote the logs where the job runs."""
     for args, says in ((["--nproc", "0"], "'--nproc'"), (["--hosts", "a:x"], "'x' in 'a:x' is not a whole number"),
                        (["--device", "tpu"], "'tpu' is not one of"), (["--memory-fraction", "1.5"], "not in the range"),
                        (["--python", "/no/python"], "no such program"), (["--cwd", "/no/directory"], "no such directory"),
@@ -607,7 +608,9 @@ def test_bad_flags_are_usage_errors() -> None:
                        (["--memory-fraction", "nan"], "'nan' is not a finite number"),
                        (["--heartbeat-timeout", "nan"], "'nan' is not a finite number"),
                        (["--stall-timeout", "inf"], "'inf' is not a finite number"),
-                       (["--hosts", ""], "--hosts is empty")):
+                       (["--hosts", ""], "--hosts is empty"),
+                       # "" (an unset shell variable) was taken for the current directory, or for none
+                       (["--log-dir", ""], "'--log-dir': is empty"), (["--data-iface", ""], "'--data-iface': is empty")):
         job = run_launch(*args, BEHAVE)
         assert job.code == 2 and says in job.stderr, (args, job.stderr)
         assert "Traceback" not in job.stderr and "[rank" not in job.stdout, job.output
