@@ -64,7 +64,8 @@ def test_mnist_example_learns_in_one_epoch_on_two_processes(tmp_path, more: list
 def test_mnist_example_refuses_what_it_cannot_do(tmp_path) -> None:
     """A mistyped --data-url trained on generated digits instead, with one log line to say so;
     a batch larger than a rank's shard (drop_last) trained on nothing and reported accuracy 0.10;
-    --resume without --train-url started afresh; --checkpoint-every -1 checkpointed every step.
+    --resume without --train-url started afresh; --checkpoint-every -1 checkpointed every step;
+    --lr nan stopped in a traceback from Adam.
     The first case runs under the launcher (the refusal is the report's root cause); the rest
     as a job of one, under plain python."""
     job = run_launch("--nproc", "2", str(MNIST), "--epochs", "1", "--data-url", str(tmp_path / "nothere"), timeout=120)
@@ -75,7 +76,8 @@ def test_mnist_example_refuses_what_it_cannot_do(tmp_path) -> None:
                                              "t10k-labels-idx1-ubyte"),
              (["--batch-size", "13000"], "rank 0's 12000 samples per epoch make no full batch of 13000"),
              (["--resume"], "give --train-url too"),
-             (["--checkpoint-every", "-1"], "must be 0 or more, not -1"))
+             (["--checkpoint-every", "-1"], "must be 0 or more, not -1"),
+             (["--lr", "nan"], "--lr: must be a number, 0 or more, not nan"))  # was a traceback from Adam
     # side by side: each is a process of one thread that mostly imports torch
     runs = [subprocess.Popen([sys.executable, str(MNIST), "--epochs", "1", *args], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True) for args, _ in cases]

@@ -40,6 +40,13 @@ def not_negative(text):
     return value
 
 
+def rate(text):
+    value = float(text)
+    if not 0 <= value < float("inf"):  # nan too
+        raise argparse.ArgumentTypeError(f"must be a number, 0 or more, not {value}")
+    return value
+
+
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--data-url", default=None, help="directory holding (or receiving) the MNIST IDX files")
 parser.add_argument("--download", action="store_true", help="fetch MNIST into --data-url if missing")
@@ -49,9 +56,10 @@ parser.add_argument("--shares", default=None, help="each rank's part of every st
                     "three times as fast: its batch is --batch-size x 3 and its shard of the data three times as large "
                     "(default: the hostfile's share= of each host)")
 parser.add_argument("--epochs", type=positive, default=15)
-parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
+parser.add_argument("--lr", type=rate, default=2e-3, help="Adam learning rate")
 parser.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
-parser.add_argument("--device", default=None, help="auto, mps, cuda or cpu (default: the launcher's choice)")
+parser.add_argument("--device", default=None, choices=["auto", "mps", "cuda", "cpu"],
+                    help="default: the launcher's choice")
 parser.add_argument("--checkpoint-every", type=not_negative, default=0,
                     help="also checkpoint every N steps (0: per epoch only)")
 parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --train-url")
