@@ -54,6 +54,15 @@ def not_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     return value
 
 
+def key_file(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """An ssh key that is not there: ssh only warns of it, then fails as "Permission denied"
+    (as ssh does, ``~`` is the home directory)."""
+    value = not_empty(ctx, param, value)
+    if value is not None and not os.path.isfile(os.path.expanduser(value)):
+        raise click.BadParameter(f"no such file: {value}", ctx, param)
+    return value
+
+
 def host_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Where to run and how to get there, and what the ranks run with: shared by every command
     that starts a job."""
@@ -71,7 +80,7 @@ def reach_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Hosts from a file: 'host slots=N [addr=IP[,IP...]] [share=N]' per line, # comments; "
                           "or MLX's JSON hostfile."),
         click.option("--ssh-port", type=click.IntRange(1, 65535), default=None, help="ssh port of the remote hosts."),
-        click.option("--ssh-identity", type=click.Path(dir_okay=False), callback=not_empty, default=None,
+        click.option("--ssh-identity", type=click.Path(dir_okay=False), callback=key_file, default=None,
                      help="ssh private key."),
         click.option("--ssh-option", "ssh_options", multiple=True, metavar="KEY=VALUE",
                      help="Extra ssh -o option (repeatable)."),
