@@ -18,7 +18,7 @@ from typing import Any, Callable, NoReturn
 import click
 
 from macfleet import knobs, openfiles
-from macfleet.env import DEVICES
+from macfleet.env import AGENT_SETS, DEVICES
 from macfleet.launcher.hosts import Host, data_addresses, parse_hostfile, parse_hosts
 from macfleet.launcher.launch import LaunchConfig, run_with_restarts
 from macfleet.launcher.remote import SshOptions, find_this_machine
@@ -157,6 +157,9 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
         key, sep, value = pair.partition("=")
         if not sep or not key.isidentifier():
             raise click.BadParameter(f"{pair!r} is not K=V", param_hint="--env")
+        if key in AGENT_SETS:
+            raise click.BadParameter(f"{key} is set for each rank by its agent, whatever --env says: "
+                                     f"{AGENT_SETS[key]}", param_hint="--env")
         env[key] = value
     wrong = knobs.problems({**os.environ, **env})  # before any rank starts, once, not once a rank
     if wrong:

@@ -86,6 +86,20 @@ from macfleet.errors import ConfigError
 
 DEVICES = ("auto", "mps", "cuda", "cpu")
 
+# The variables the agent sets for each rank over ``--env``'s: a value given there was dropped
+# without a word. Each with what to do instead; ``launch`` refuses them in ``--env``.
+_THE_JOBS = "it is the job's own; leave it out"
+AGENT_SETS: dict[str, str] = {
+    **dict.fromkeys(("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"), "give --nproc, --hosts or --hostfile"),
+    **dict.fromkeys(("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"),
+                    "rank 0's agent serves the job's torch.distributed store there; leave it out"),
+    "MACFLEET_DEVICE": "give --device", "MACFLEET_SEED": "give --seed",
+    "MACFLEET_DATA_ADDR": "give --data-addr or --data-iface",
+    **dict.fromkeys(("MACFLEET_COORDINATOR", "MACFLEET_JOB_ID", "MACFLEET_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
+                     "MACFLEET_ERROR_FILE", "MACFLEET_STACKS_FILE", "MACFLEET_HOST", "MACFLEET_AGENT_PID",
+                     "MACFLEET_AGENT_FD", "MACFLEET_SHM_DIR", "MACFLEET_JOB_SECRET"), _THE_JOBS),
+}
+
 
 def shared_memory_fraction(processes: int) -> float | None:
     """Each process's share of a GPU's memory by default, where ``processes`` share the GPU:

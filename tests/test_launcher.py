@@ -612,7 +612,10 @@ def test_bad_flags_are_usage_errors() -> None:
                        # "" (an unset shell variable) was taken for the current directory, or for none
                        (["--log-dir", ""], "'--log-dir': is empty"), (["--data-iface", ""], "'--data-iface': is empty"),
                        # ssh said only "Permission denied (publickey)" for a key file that is not there
-                       (["--hosts", "mac1", "--ssh-identity", "/no/key"], "'--ssh-identity': no such file: /no/key")):
+                       (["--hosts", "mac1", "--ssh-identity", "/no/key"], "'--ssh-identity': no such file: /no/key"),
+                       # the agent sets it over --env's, which was dropped without a word
+                       (["--env", "MACFLEET_DEVICE=cuda"], "MACFLEET_DEVICE is set for each rank by its agent, "
+                                                          "whatever --env says: give --device")):
         job = run_launch(*args, BEHAVE)
         assert job.code == 2 and says in job.stderr, (args, job.stderr)
         assert "Traceback" not in job.stderr and "[rank" not in job.stdout, job.output

@@ -59,6 +59,26 @@ def test_shares_are_one_whole_number_per_rank() -> None:
             WorkerEnv.from_environ({"WORLD_SIZE": "3", "MACFLEET_SHARES": bad})
 
 
+def test_what_the_agent_sets_over_env_is_what_launch_refuses_in_env() -> None:
+    """``--env RANK=3`` or ``--env MACFLEET_DEVICE=cuda`` was dropped without a word: the agent
+    sets those for each rank over --env. Every variable it sets so is refused (AGENT_SETS), and
+    none that --env can still set. (PYTHONUNBUFFERED is left out: the agent sets it to 1, and a
+    script that asks for 1 gets it.)"""
+    from macfleet.env import AGENT_SETS
+    from macfleet.protocol import AgentSpec
+    from macfleet.workers.agent import worker_env
+
+    others = {"MACFLEET_MEMORY_FRACTION", "OMP_WAIT_POLICY", "OMP_NUM_THREADS", "COLUMNS", "LINES",
+              "PYTORCH_ENABLE_MPS_FALLBACK", "PYTORCH_MPS_HIGH_WATERMARK_RATIO", "GLOO_SOCKET_IFNAME",
+              "MALLOC_MMAP_THRESHOLD_", "MACFLEET_STREAMS", "MACFLEET_SCRATCH_DIR", "TRAIN_FLAG"}
+    given = {name: "given" for name in {*AGENT_SETS, *others}}
+    spec = AgentSpec(job_id="j", coordinator="tcp://127.0.0.1:1", secret_hex="00", host_index=0, host="mac1",
+                     data_addrs=["127.0.0.1"], rank_base=2, slots=2, world_size=4, script="train.py", args=[],
+                     env=given)
+    env = worker_env(spec, 1, ["127.0.0.1"], "lo", "127.0.0.1", 29500, "/tmp/job/rank-3.json", 9)
+    assert {name for name in given if env[name] != "given"} == set(AGENT_SETS)
+
+
 def test_a_world_size_from_another_launcher_is_refused_not_trained_alone() -> None:
     """Under torchrun (WORLD_SIZE set, no coordinator) each rank used to train on its shard
     alone, all_reduce returning its input unchanged."""
