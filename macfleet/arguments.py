@@ -5,6 +5,8 @@ and the way out, never an error from deep inside a collective that the other ran
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from macfleet.backends import check_tensor
@@ -38,13 +40,19 @@ def check_all_reduce(tensor: torch.Tensor, op: str, name: str, compression: str)
         raise ConfigError(f"all_reduce op 'avg' needs a floating-point tensor; {name} is {tensor.dtype}")
 
 
-def check_broadcast(tensor: torch.Tensor, src: int, world: int, name: str) -> None:
+def check_broadcast(tensor: torch.Tensor, src: int, world: int, name: str) -> int:
+    """``src`` as the int it names (numpy's integers and 0-d integer tensors are taken too)."""
     _numbers_to_check(tensor, name)
     _check_writable(tensor, name, "broadcast")  # on the source too: every rank is refused alike
-    if isinstance(src, bool) or not isinstance(src, int):  # 1.0 failed inside, at a shift of the source's bits
-        raise ConfigError(f"broadcast src={src!r} must be a rank's number, an int")
+    try:
+        if isinstance(src, bool):
+            raise TypeError
+        src = operator.index(src)
+    except TypeError:  # 1.0 failed inside, at a shift of the source's bits
+        raise ConfigError(f"broadcast src={src!r} must be a rank's number, an int") from None
     if not 0 <= src < world:
         raise ConfigError(f"broadcast src={src} is not a rank of this job (world size {world})")
+    return src
 
 
 def check_all_gather(tensor: torch.Tensor, name: str) -> None:

@@ -199,7 +199,7 @@ class Collectives:
                            f"give one of the same shape and sparse dimensions")
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, name: str = "tensor") -> torch.Tensor:
-        check_broadcast(tensor, src, self.world, name)
+        src = check_broadcast(tensor, src, self.world, name)
         if made_of_numbers(tensor):
             self.broadcast(as_numbers(tensor, name)[0], src, name)
             return tensor
