@@ -45,11 +45,12 @@ def check_broadcast(tensor: torch.Tensor, src: int, world: int, name: str) -> in
     _numbers_to_check(tensor, name)
     _check_writable(tensor, name, "broadcast")  # on the source too: every rank is refused alike
     try:
-        if isinstance(src, bool):
-            raise TypeError
-        src = operator.index(src)
+        index = None if isinstance(src, bool) else operator.index(src)
     except TypeError:  # 1.0 failed inside, at a shift of the source's bits
-        raise ConfigError(f"broadcast src={src!r} must be a rank's number, an int") from None
+        index = None
+    if index is None:
+        raise ConfigError(f"broadcast src={src!r} must be a rank's number, an int")
+    src = index
     if not 0 <= src < world:
         raise ConfigError(f"broadcast src={src} is not a rank of this job (world size {world})")
     return src

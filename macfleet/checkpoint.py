@@ -119,8 +119,9 @@ def _read_on_rank0_and_broadcast(path: str) -> dict[str, Any]:
             blob, error = None, f"rank 0 cannot read checkpoint {path}: {exc.strerror}"
     data = broadcast_bytes(blob, 0, name="checkpoint")
     if data is None:  # every rank, each with rank 0's reason: the first to raise is the job's root cause
-        reason = broadcast_bytes(error.encode(), 0, name="checkpoint error") or b""
-        raise ConfigError(reason.decode(errors="replace") or f"rank 0 cannot read checkpoint {path}")
+        reason = broadcast_bytes(error.encode(), 0, name="checkpoint error")
+        assert reason is not None  # bytes from rank 0, never None
+        raise ConfigError(reason.decode(errors="replace"))
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     except Exception as exc:  # torch raises many kinds for a truncated or foreign file

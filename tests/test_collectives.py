@@ -287,10 +287,9 @@ def test_arguments_refused_in_a_job_are_refused_alone_too() -> None:
     """A script tried with plain ``python train.py`` (a job of one) before it is launched: every
     collective returned there whatever its arguments (an op that does not exist, a sparse
     tensor, a source that is no rank), or after macfleet.shutdown(), and was refused only under
-    the launcher. A sparse,
-    nested or meta tensor, or an expanded one to write into, was refused in a job with torch's
-    own words from deep inside ("reshape is not implemented for sparse tensors"), some of them
-    once the other ranks were waiting in the collective."""
+    the launcher. A sparse, nested or meta tensor, or an expanded one to write into, was refused
+    in a job with torch's own words from deep inside ("reshape is not implemented for sparse
+    tensors"), some of them once the other ranks were waiting in the collective."""
     script = str(BIN / "refusals.py")
     alone = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
     job = run_launch("--nproc", "2", script, timeout=120)
