@@ -52,7 +52,7 @@ An exit is cut to fit one message (``WorkerExit.fitted``): a header holds 16 KiB
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 HELLO = "hello"
@@ -137,6 +137,8 @@ class WorkerExit:
     error: dict[str, Any] | None = None  # the error file's JSON, if the process wrote one
     tail: list[str] = field(default_factory=list)  # last stderr lines, when there is no error file
     stopped: str | None = None  # why its agent stopped it, when the agent did so on its own
+    peak_rss: int | None = None  # bytes: the most memory the process held resident at once
+    host_memory: int | None = None  # bytes: the host's physical memory
 
     def to_fields(self) -> dict[str, Any]:
         return asdict(self)
@@ -156,8 +158,7 @@ class WorkerExit:
             if sum(len(t.encode()) for t in tail) + len(line.encode()) > TAIL_BYTES:
                 break
             tail.insert(0, line)
-        return WorkerExit(self.rank, self.host, self.pid, self.code, self.signal, self.time, error, tail,
-                          _cut(self.stopped, FIELD_BYTES) if self.stopped else None)
+        return replace(self, error=error, tail=tail, stopped=_cut(self.stopped, FIELD_BYTES) if self.stopped else None)
 
     @classmethod
     def from_fields(cls, fields: dict[str, Any]) -> "WorkerExit":

@@ -88,6 +88,7 @@ class Worker:
     exited_at: float = 0.0  # seen to have exited (wall clock, for the coordinator's order of failures)
     report_by: float | None = None  # once it has exited: when to report it even if its pumps lag
     exit: WorkerExit | None = None
+    peak_rss: int | None = None  # bytes, once reaped
 
 
 def host_facts() -> dict[str, object]:
@@ -123,10 +124,36 @@ def script_digest(spec: AgentSpec) -> str | None:
 
 
 def _memory_gb() -> float | None:
+    memory = _memory_bytes()
+    return None if memory is None else round(memory / 2**30, 1)
+
+
+def _memory_bytes() -> int | None:
     try:
-        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+# ru_maxrss is in KiB on Linux and in bytes on macOS
+MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024
+
+
+def _exited(w: Worker) -> bool:
+    """Whether the rank has exited. It is reaped with ``wait4`` rather than ``Popen.poll``
+    for its peak memory, which the report gives for a rank that something outside killed
+    (most often the kernel, out of memory)."""
+    if w.proc.returncode is not None:
+        return True
+    try:
+        pid, status, usage = os.wait4(w.proc.pid, os.WNOHANG)
+    except ChildProcessError:  # reaped elsewhere: Popen knows how it ended
+        return w.proc.poll() is not None
+    if pid == 0:
+        return False
+    w.proc.returncode = os.waitstatus_to_exitcode(status)
+    w.peak_rss = usage.ru_maxrss * MAXRSS_UNIT
+    return True
 
 
 def data_addresses(spec: AgentSpec, networks: list[netaddr.Network]) -> list[str]:
@@ -510,7 +537,7 @@ class Agent:
     def _ask_for_dump(self, rank: object) -> None:
         """The coordinator heard nothing from ``rank`` (ours?): have faulthandler dump its stacks."""
         for w in self.workers:
-            if w.rank == rank and w.proc.poll() is None and dumps.DUMP_SIGNAL is not None:
+            if w.rank == rank and not _exited(w) and dumps.DUMP_SIGNAL is not None:
                 path = stacks_file(w.error_file)
                 try:
                     # Armed, it has made the file: the signal's default action would kill it. Emptied:
@@ -562,7 +589,7 @@ class Agent:
         The pumps say when they have them, at most ``CATCH_UP_S`` after the exit: a child of the
         rank may keep its streams open for good, and meanwhile the loop goes on (heartbeats)."""
         for w in self.workers:
-            if w.exit is not None or w.proc.poll() is None:
+            if w.exit is not None or not _exited(w):
                 continue
             if w.report_by is None:
                 w.exited_at, w.report_by = time.time(), time.monotonic() + CATCH_UP_S
@@ -581,6 +608,7 @@ class Agent:
                 rank=w.rank, host=self.spec.host, pid=w.proc.pid, code=128 - code if code < 0 else code,
                 signal=signame, time=w.exited_at, error=_read_json(w.error_file),
                 tail=list(w.tail) if code != 0 else [], stopped=self.stopped_why if code != 0 else None,
+                peak_rss=w.peak_rss, host_memory=_memory_bytes(),
             )
             self.client.send(protocol.EXIT, **w.exit.fitted().to_fields())
 
