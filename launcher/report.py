@@ -19,6 +19,7 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
         lines.append("  " + describe(root.exit))
         if root.exit.stopped:  # not the script's doing: say whose, before its (SIGTERM) traceback
             lines.append(f"  {root.exit.stopped}")
+        lines += _killed_from_outside(root.exit)
         error = root.exit.error
         if error and error.get("traceback"):
             lines += ["  " + line for line in str(error["traceback"]).rstrip().splitlines()]
@@ -46,6 +47,25 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
         lines += _join_hint(exits)
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+def _killed_from_outside(exit_: WorkerExit) -> list[str]:
+    """A SIGKILL that macfleet did not send. Nothing in the rank can say why it came (no
+    traceback, no error file), and the most common sender is the system, out of memory: Linux's
+    OOM killer, or macOS under memory pressure. Say so, with how much memory the rank held."""
+    if exit_.signal != "SIGKILL" or exit_.stopped:
+        return []
+    held = ""
+    if exit_.peak_rss:
+        held = f" At its peak this rank held {_gib(exit_.peak_rss)} of memory"
+        held += f", of the {_gib(exit_.host_memory)} that {exit_.host} has." if exit_.host_memory else "."
+    return [f"  Nothing in macfleet sent that SIGKILL: most often the system sends it when memory runs out (Linux's "
+            f"OOM killer, which dmesg names; macOS under memory pressure).{held} A smaller batch or model, or "
+            f"fewer ranks on {exit_.host}, needs less."]
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
 
 
 def _missing_module_hint(error: dict, host: str) -> list[str]:

@@ -105,9 +105,16 @@ def test_a_module_imported_lazily_and_never_used_is_not_loaded_at_the_rank_s_end
 
 
 def test_a_rank_killed_by_a_signal_is_reported_by_name() -> None:
+    """A SIGKILL from outside (here the rank's own, after it filled 1 GiB, as the OOM killer's
+    comes) is most often the system's, out of memory: the report says so, with what it held."""
     job = run_launch("--nproc", "2", BEHAVE, "0", "sigkill", timeout=60)
     assert job.code == 128 + signal.SIGKILL, job.output
     assert "rank 0" in job.stderr and "SIGKILL" in job.stderr
+    held = re.search(r"At its peak this rank held ([\d.]+) GiB of memory, of the ([\d.]+) GiB that localhost has",
+                     job.stderr)
+    assert held and "most often the system sends it when memory runs out" in job.stderr, job.stderr
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    assert 1.0 <= float(held.group(1)) < total and abs(float(held.group(2)) - total) < 0.1, held.group(0)
 
 
 def test_a_crash_in_native_code_is_reported_with_the_script_s_line() -> None:

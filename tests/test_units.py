@@ -1343,6 +1343,23 @@ def test_an_exit_of_any_size_fits_one_control_message() -> None:
         assert fitted.tail and fitted.tail[-1].endswith(" END")
 
 
+def test_only_a_sigkill_that_macfleet_did_not_send_is_taken_for_memory() -> None:
+    """The report's out-of-memory hint is for a SIGKILL from outside: not for one the rank's
+    agent sent after the grace period, nor for another signal."""
+    from macfleet.launcher.coordinator import Failure
+    from macfleet.launcher.report import failure_report
+    from macfleet.protocol import WorkerExit
+
+    def report(signame: str, stopped: str | None, peak: int | None) -> str:
+        exit_ = WorkerExit(0, "mini", 7, 137, signame, 0.0, stopped=stopped, peak_rss=peak, host_memory=16 << 30)
+        return failure_report(Failure(0.0, "exit", 0, exit_), {0: exit_}, 1)
+
+    assert "held 6.5 GiB of memory, of the 16.0 GiB that mini has" in report("SIGKILL", None, 13 << 29)
+    assert "memory runs out" in report("SIGKILL", None, None) and "GiB" not in report("SIGKILL", None, None)
+    assert "memory" not in report("SIGKILL", "stopped by its agent: the launcher went silent", 1 << 30)
+    assert "memory" not in report("SIGTERM", None, 1 << 30)
+
+
 def test_the_layers_import_one_another_as_the_design_says() -> None:
     """DESIGN.md section 1: the launcher and the workers may import the library, which imports
     neither, and they never import each other. The library's runtime imported the workers'

@@ -1,7 +1,7 @@
 """A rank that does what the test asks: ``behave.py FAIL_RANK MODE``.
 
 Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by MODE
-(``raise``, ``exit3``, ``sigkill``, ``sigkill-holding-segment``: killed between creating a
+(``raise``, ``exit3``, ``sigkill``: after it has filled SIGKILL_HOLDS bytes, ``sigkill-holding-segment``: killed between creating a
 shared-memory segment and unlinking it, ``segfault``: a crash in native code, ``stuck``:
 alive but never back from a data loader, ``gil``: stuck in native code holding the GIL, ``busy``: working alone for a while
 (``BEHAVE_BUSY_S``, 9 s) before it joins the others, ``uploader``: leaves a thread (not a daemon) that
@@ -37,6 +37,7 @@ import torch
 
 import macfleet
 
+SIGKILL_HOLDS = 1 << 30  # 1 GiB: some three times what a rank holds with torch imported
 
 
 def mark(directory: str, name: str, text: str) -> None:
@@ -109,8 +110,10 @@ if rank == fail_rank:
         raise ValueError(f"deliberate failure on rank {rank}")
     if mode == "exit3":
         sys.exit(3)
-    if mode == "sigkill":
+    if mode == "sigkill":  # as the OOM killer ends a rank that holds too much memory
+        held = torch.ones(SIGKILL_HOLDS // 4)  # every page written: resident
         os.kill(os.getpid(), signal.SIGKILL)
+        del held
     if mode == "sigkill-holding-segment":  # as a host's first rank creates one (macfleet.shm)
         from macfleet.segments import Segments, object_name, use_objects
         Segments(os.environ["MACFLEET_SHM_DIR"], use_objects()).create("shm-left-by-a-crash", 1 << 20)
