@@ -88,8 +88,8 @@ def main() -> None:
     for text in args.sizes.split(","):
         size = parse_size(text)
         numel = max(1, size // dtype.itemsize)
-        base = (torch.arange(numel) % 7).to(dtype)
-        expected = (base * world + sum(range(world))).to(dtype)  # rank r contributes base + r
+        base = torch.arange(7, dtype=dtype).repeat(-(-numel // 7))[:numel]  # 0..6 over and over
+        expected = base.mul(world).add_(sum(range(world)))  # rank r contributes base + r
         libraries = [("macfleet", lambda t: macfleet.all_reduce(t))]
         if not args.no_gloo:
             libraries.append(("gloo", lambda t: dist.all_reduce(t)))
@@ -97,12 +97,12 @@ def main() -> None:
         tensor = host_tensor(numel, dtype) if args.shared_tensors else torch.empty(numel, dtype=dtype)
         algorithms = {}
         for name, fn in libraries:
-            check = tensor.copy_(base + rank)
+            check = tensor.copy_(base).add_(rank)
             fn(check)
             if not torch.equal(check, expected):
                 raise SystemExit(f"{name} all_reduce of {size} bytes gave a wrong result")
             algorithms[name] = runtime().collectives.last_algorithm if name == "macfleet" else "gloo default"
-        results = timed([fn for _, fn in libraries], tensor.copy_(base + rank), args.budget)
+        results = timed([fn for _, fn in libraries], tensor.copy_(base).add_(rank), args.budget)
         for (name, _), (seconds, calls) in zip(libraries, results):
             rows.append({"library": name, "bytes": numel * dtype.itemsize, "seconds": seconds, "calls": calls,
                          "algorithm": algorithms[name], "busbw_gbs": 2 * (world - 1) / world * numel * dtype.itemsize
