@@ -387,6 +387,19 @@ def test_bench_allreduce_refuses_what_it_cannot_measure() -> None:
         assert "Traceback" not in proc.stderr
 
 
+def test_bench_allreduce_refuses_sizes_its_host_cannot_hold_before_timing_any() -> None:
+    """A size past the host's memory was a traceback from the allocator after the smaller sizes
+    had been timed (and a size just under it had the ranks killed by the OOM killer)."""
+    proc = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "bench", "allreduce", "--nproc", "2",
+                           "--sizes", "4K,99999G"], capture_output=True, text=True, timeout=60)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    said = re.search(r"--sizes up to 99999G: 2 ranks on localhost would hold about ([\d.]+) GiB .* and localhost has "
+                     r"([\d.]+) GiB of memory: give smaller --sizes, or fewer ranks on localhost", proc.stderr)
+    assert proc.returncode == 1 and said, proc.stderr
+    assert float(said.group(1)) >= 2 * 99999 and abs(float(said.group(2)) - memory) < 0.1, said.group(0)
+    assert "Traceback" not in proc.stderr and "4K:" not in proc.stderr, proc.stderr  # nothing timed first
+
+
 def test_bench_allreduce_reduces_shared_tensors_in_place_and_small_ones_after_one_barrier(tmp_path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "bench", "allreduce", "--nproc", "3", "--sizes",

@@ -21,6 +21,7 @@ import macfleet
 from macfleet.knobs import parse_size
 from macfleet.runtime import host_tensor, report, runtime
 
+HELD_PER_SIZE = 4  # tensors of the size timed that each rank holds at once (check_memory)
 BLOCK = 8  # timed calls of one library before the other's turn
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -60,6 +61,23 @@ def timed(fns: list[Callable[[torch.Tensor], object]], tensor: torch.Tensor,
     return [(float(seconds), len(spent)) for seconds, spent in zip(worst.tolist(), times)]
 
 
+def check_memory(largest: str, ranks_here: int, host: str) -> None:
+    """Refuse sizes this host's ranks cannot hold before timing any: a rank holds some 4 tensors of
+    a size (the one reduced, its starting values, the exact sum, and what the libraries add), 3.2
+    to 3.7 GiB at 1 GiB on Linux. Past the host's memory the allocation fails with a traceback, or
+    the system kills the ranks (Linux's OOM killer) after minutes of swapping."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return
+    needed = HELD_PER_SIZE * parse_size(largest) * ranks_here
+    if needed > memory:
+        raise SystemExit(f"--sizes up to {largest}: {ranks_here} rank{'s' if ranks_here > 1 else ''} "
+                         f"on {host} would hold about {needed / 2**30:.1f} GiB ({HELD_PER_SIZE} tensors of that size "
+                         f"each), and {host} has {memory / 2**30:.1f} GiB of memory: give smaller --sizes, or fewer "
+                         f"ranks on {host}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="4K,1M,16M,64M")
@@ -81,9 +99,10 @@ def main() -> None:
             print(f"timing macfleet alone: {', '.join(cabled)} {'has' if len(cabled) == 1 else 'have'} one address "
                   f"per cable, and gloo connects every rank to every other over one interface", file=sys.stderr,
                   flush=True)
+    dtype = DTYPES[args.dtype]
+    check_memory(max(args.sizes.split(","), key=parse_size).strip(), env.local_world_size, env.host)
     if not args.no_gloo:
         dist.init_process_group("gloo", rank=rank, world_size=world)  # MASTER_ADDR/PORT from the launcher
-    dtype = DTYPES[args.dtype]
     rows = []
     for text in args.sizes.split(","):
         size = parse_size(text)
