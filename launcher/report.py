@@ -24,6 +24,7 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
         if error and error.get("traceback"):
             lines += ["  " + line for line in str(error["traceback"]).rstrip().splitlines()]
             lines += _missing_module_hint(error, root.exit.host)
+            lines += _device_memory_hint(error, root.exit.host)
         elif any(line.strip() for line in root.exit.tail):
             lines.append("  no error file; last lines of its stderr:")
             lines += ["  " + line for entry in root.exit.tail for line in entry.splitlines()]
@@ -79,6 +80,21 @@ def _missing_module_hint(error: dict, host: str) -> list[str]:
     return [f"  {module} is not installed for {python} on {host}: install it there (every host needs the script's "
             f"packages; a module of the script's own must be in its folder there too), or give --python the Python "
             f"that has it (macfleet doctor checks torch and macfleet on every host)"]
+
+
+def _device_memory_hint(error: dict, host: str) -> list[str]:
+    """A rank out of GPU memory whose GPU other ranks share: macfleet capped it at its share
+    (``MACFLEET_MEMORY_FRACTION``), which torch's message does not say, and on a Mac torch's
+    advice (``PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0``) cannot lift that cap, which the rank sets
+    again at init."""
+    fraction = error.get("memory_fraction")
+    out_of_memory = error.get("type") == "OutOfMemoryError" or "MPS backend out of memory" in str(error.get("message"))
+    if not out_of_memory or not fraction:
+        return []  # a GPU of its own: torch's message says all there is
+    return [f"  this rank may use {fraction} of its GPU's memory: the ranks that share a GPU split 0.9 of it evenly, "
+            f"unless --memory-fraction gives each its share (which torch's PYTORCH_MPS_HIGH_WATERMARK_RATIO does "
+            f"not change). A smaller batch or model, fewer ranks on {host}, or a larger --memory-fraction gives it "
+            f"room (the shares of one GPU's ranks should add up to 1 at most: on a Mac its memory is the machine's)"]
 
 
 def _about_collectives(root: Failure) -> bool:

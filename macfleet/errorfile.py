@@ -22,6 +22,9 @@ def write(path: str, exc: BaseException) -> None:
         "pid": os.getpid(),
         "collectives": "\n".join(_recent_collectives()),
         "executable": sys.executable,
+        # this rank's share of its GPU's memory, where it shares the GPU (env.py): for the report
+        # of a rank out of GPU memory, whose cap torch's own message does not mention
+        "memory_fraction": os.environ.get("MACFLEET_MEMORY_FRACTION"),
     }
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         record["module"] = exc.name  # for the report's hint: a package one host lacks
