@@ -108,6 +108,19 @@ def shared_memory_fraction(processes: int) -> float | None:
     return round(0.9 / processes, 4) if processes > 1 else None
 
 
+def oversubscribed(fraction: float, processes: int, device: str) -> str | None:
+    """A warning where ``--memory-fraction`` lets the ``processes`` that share ``device`` ask
+    for more than all of its memory together (mps-facts.md, rule 4: their shares should add up
+    to 1 at most, less room for the host's own use); None where they fit."""
+    if fraction * processes <= 1:
+        return None
+    return (f"warning: --memory-fraction {fraction:g} for each of the {processes} ranks that share {device} lets "
+            f"them ask for {fraction * processes:.2f} times its memory together: past what it has, they run out of "
+            f"memory (CUDA) or the machine pages (a Mac, whose GPU memory is the machine's: many times slower). "
+            f"Give at most {int(1000 / processes) / 1000:g} (without it each gets {shared_memory_fraction(processes):g}), or run "
+            f"fewer ranks on it")
+
+
 @dataclass(frozen=True)
 class WorkerEnv:
     rank: int = 0

@@ -30,7 +30,7 @@ from macfleet.arguments import check_all_gather, check_all_reduce, check_broadca
 from macfleet.collectives import LEFT, Collectives, error_line
 from macfleet.commands import starts_script
 from macfleet.control import ControlClient
-from macfleet.env import WorkerEnv, shared_memory_fraction
+from macfleet.env import WorkerEnv, oversubscribed, shared_memory_fraction
 from macfleet.errors import ConfigError, MacfleetError, ProtocolError, RendezvousError
 from macfleet.history import History
 from macfleet.ring_algorithms import SMALL_BYTES, ZERO_COPY_BYTES
@@ -113,11 +113,15 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
         raise ConfigError("; ".join(wrong))
     os.environ.pop("MACFLEET_JOB_SECRET", None)  # the script's own subprocesses have no business with it
     dev = backends.select(device or env.device, env.local_rank)
-    fraction = env.memory_fraction
+    fraction, processes = env.memory_fraction, dev.processes_on_it(env.local_world_size)
     if fraction is None:  # no --memory-fraction: the launcher's default, which needs the device
-        fraction = shared_memory_fraction(dev.processes_on_it(env.local_world_size))
+        fraction = shared_memory_fraction(processes)
         if fraction is not None:
             os.environ["MACFLEET_MEMORY_FRACTION"] = str(fraction)  # as the contract says, for the script
+    elif dev.kind != "cpu" and env.local_rank == dev.index:  # the first rank on its GPU says it, once
+        warning = oversubscribed(fraction, processes, str(dev.torch_device))
+        if warning:
+            print(f"macfleet: {warning}", file=sys.stderr, flush=True)
     dev.apply_memory_fraction(fraction)
     dev.seed(env.seed + env.rank)
     if env.coordinator is None:  # plain `python train.py`: a job of one, nobody to talk to

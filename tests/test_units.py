@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import pty
+import re
 import resource
 import shutil
 import subprocess
@@ -1392,6 +1393,23 @@ def test_a_rank_out_of_the_memory_of_a_gpu_it_shares_is_told_its_share(tmp_path,
         assert hint in said and "fewer ranks on mini, or a larger --memory-fraction" in said, said
     assert "of its GPU's memory" not in report(cuda, None)  # a GPU of its own: nothing macfleet capped
     assert "of its GPU's memory" not in report(ValueError("out of range"), "0.45")
+
+
+def test_memory_fractions_that_add_up_past_one_gpu_are_warned_of_with_one_that_fits() -> None:
+    """mps-facts.md rule 4: the shares of the ranks on one GPU add up to 1 at most (on a Mac
+    that GPU's memory is the machine's, and past it the machine pages). ``--memory-fraction`` is
+    each rank's share; where it breaks the rule, the warning's own advice must keep it."""
+    from macfleet.env import oversubscribed, shared_memory_fraction
+
+    for processes in range(1, 13):
+        for fraction in (0.05, 0.1, 0.25, 0.34, 0.5, 0.9, 1.0):
+            warning = oversubscribed(fraction, processes, "mps")
+            assert (warning is not None) == (fraction * processes > 1), (fraction, processes)
+            if warning:
+                most = float(re.search(r"Give at most ([\d.]+) ", warning).group(1))
+                assert most * processes <= 1 < (most + 0.01) * processes, warning
+                assert f"{processes} ranks that share mps" in warning and "(without it each gets" in warning
+                assert shared_memory_fraction(processes) * processes <= 1  # the default fits
 
 
 def test_the_layers_import_one_another_as_the_design_says() -> None:
