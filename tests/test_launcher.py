@@ -393,10 +393,12 @@ def test_bench_allreduce_refuses_sizes_its_host_cannot_hold_before_timing_any() 
     proc = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "bench", "allreduce", "--nproc", "2",
                            "--sizes", "4K,99999G"], capture_output=True, text=True, timeout=60)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    said = re.search(r"--sizes up to 99999G: 2 ranks on localhost would hold about ([\d.]+) GiB .* and localhost has "
-                     r"([\d.]+) GiB of memory: give smaller --sizes, or fewer ranks on localhost", proc.stderr)
-    assert proc.returncode == 1 and said, proc.stderr
-    assert float(said.group(1)) >= 2 * 99999 and abs(float(said.group(2)) - memory) < 0.1, said.group(0)
+    said = re.findall(r"^(.*)--sizes up to 99999G: 2 ranks on localhost would hold about ([\d.]+) GiB, and it has "
+                      r"([\d.]+) GiB \(4 tensors of that size a rank\): give smaller --sizes, or fewer ranks on that "
+                      r"host$", proc.stderr, re.M)
+    assert proc.returncode == 1 and [line for line, _, _ in said] == ["[rank 0] ", "  "], proc.stderr  # said once
+    _, held, has = said[0]
+    assert float(held) >= 2 * 4 * 99999 and abs(float(has) - memory) < 0.1, said
     assert "Traceback" not in proc.stderr and "4K:" not in proc.stderr, proc.stderr  # nothing timed first
 
 

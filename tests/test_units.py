@@ -1412,6 +1412,19 @@ def test_memory_fractions_that_add_up_past_one_gpu_are_warned_of_with_one_that_f
                 assert shared_memory_fraction(processes) * processes <= 1  # the default fits
 
 
+def test_bench_sizes_are_weighed_against_each_host_s_memory_for_its_own_ranks() -> None:
+    """Each host holds the tensors of its own ranks only; one whose memory is unknown is let be."""
+    from macfleet.workers.benchallreduce import HELD_PER_SIZE, memory_shortfalls
+
+    gib = 1 << 30
+    fleet = [("mini1", 16 * gib), ("mini1", 16 * gib), ("mini2", 8 * gib), ("old", None)]
+    assert HELD_PER_SIZE == 4  # the numbers below
+    assert memory_shortfalls("1536M", fleet) == []
+    assert memory_shortfalls("3G", fleet) == ["2 ranks on mini1 would hold about 24.0 GiB, and it has 16.0 GiB",
+                                              "1 rank on mini2 would hold about 12.0 GiB, and it has 8.0 GiB"]
+    assert memory_shortfalls("2G", fleet) == []  # exactly full still fits
+
+
 def test_the_layers_import_one_another_as_the_design_says() -> None:
     """DESIGN.md section 1: the launcher and the workers may import the library, which imports
     neither, and they never import each other. The library's runtime imported the workers'

@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import time
+from collections import Counter
 from typing import Callable
 
 import torch
@@ -21,7 +22,7 @@ import macfleet
 from macfleet.knobs import parse_size
 from macfleet.runtime import host_tensor, report, runtime
 
-HELD_PER_SIZE = 4  # tensors of the size timed that each rank holds at once (check_memory)
+HELD_PER_SIZE = 4  # tensors of the size timed that each rank holds at once (memory_shortfalls)
 BLOCK = 8  # timed calls of one library before the other's turn
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -61,21 +62,27 @@ def timed(fns: list[Callable[[torch.Tensor], object]], tensor: torch.Tensor,
     return [(float(seconds), len(spent)) for seconds, spent in zip(worst.tolist(), times)]
 
 
-def check_memory(largest: str, ranks_here: int, host: str) -> None:
-    """Refuse sizes this host's ranks cannot hold before timing any: a rank holds some 4 tensors of
-    a size (the one reduced, its starting values, the exact sum, and what the libraries add), 3.2
-    to 3.7 GiB at 1 GiB on Linux. Past the host's memory the allocation fails with a traceback, or
-    the system kills the ranks (Linux's OOM killer) after minutes of swapping."""
+def memory_shortfalls(largest: str, hosts: list[tuple[str, int | None]]) -> list[str]:
+    """The hosts (one entry per rank: its host and that host's memory) whose ranks cannot hold
+    the largest size: a rank holds some 4 tensors of a size (the one reduced, its starting
+    values, the exact sum, and what the libraries add), 3.2 to 3.7 GiB at 1 GiB on Linux. Past a
+    host's memory the allocation fails with a traceback, or the system kills the ranks (Linux's
+    OOM killer) after minutes of swapping, with the smaller sizes already timed for nothing."""
+    ranks = Counter(hosts)
+    short = []
+    for (host, memory), count in ranks.items():
+        needed = HELD_PER_SIZE * parse_size(largest) * count
+        if memory is not None and needed > memory:
+            short.append(f"{count} rank{'s' if count > 1 else ''} on {host} would hold about {needed / 2**30:.1f} "
+                         f"GiB, and it has {memory / 2**30:.1f} GiB")
+    return short
+
+
+def physical_memory() -> int | None:
     try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
-        return
-    needed = HELD_PER_SIZE * parse_size(largest) * ranks_here
-    if needed > memory:
-        raise SystemExit(f"--sizes up to {largest}: {ranks_here} rank{'s' if ranks_here > 1 else ''} "
-                         f"on {host} would hold about {needed / 2**30:.1f} GiB ({HELD_PER_SIZE} tensors of that size "
-                         f"each), and {host} has {memory / 2**30:.1f} GiB of memory: give smaller --sizes, or fewer "
-                         f"ranks on {host}")
+        return None
 
 
 def main() -> None:
@@ -92,7 +99,8 @@ def main() -> None:
     # cables, where not every Mac reaches every other: gloo, which connects every rank to every
     # other over one interface, would wait for its connections for 30 minutes.
     env = runtime().env
-    cabled = sorted({host for host, n in macfleet.all_gather_object((env.host, len(env.data_addrs))) if n > 1})
+    hosts = macfleet.all_gather_object((env.host, len(env.data_addrs), physical_memory()))
+    cabled = sorted({host for host, n, _ in hosts if n > 1})
     if cabled and not args.no_gloo:
         args.no_gloo = True
         if rank == 0:
@@ -100,7 +108,12 @@ def main() -> None:
                   f"per cable, and gloo connects every rank to every other over one interface", file=sys.stderr,
                   flush=True)
     dtype = DTYPES[args.dtype]
-    check_memory(max(args.sizes.split(","), key=parse_size).strip(), env.local_world_size, env.host)
+    largest = max(args.sizes.split(","), key=parse_size).strip()
+    short = memory_shortfalls(largest, [(host, memory) for host, _, memory in hosts])
+    if short:  # every rank knows; rank 0 says it, once
+        sys.exit(f"--sizes up to {largest}: {'; '.join(short)} ({HELD_PER_SIZE} tensors of that size a rank): give "
+                 f"smaller --sizes, or fewer ranks on {'that host' if len(short) == 1 else 'those hosts'}"
+                 if rank == 0 else 0)
     if not args.no_gloo:
         dist.init_process_group("gloo", rank=rank, world_size=world)  # MASTER_ADDR/PORT from the launcher
     rows = []
