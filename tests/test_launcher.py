@@ -906,6 +906,33 @@ def test_log_dir_keeps_every_ranks_output_while_show_ranks_quiets_the_terminal(t
         assert ("ValueError: deliberate failure on rank 1" in log) == (rank == 1), log
 
 
+def test_a_log_dir_that_fills_up_is_said_once_per_log_and_the_terminal_keeps_everything(tmp_path) -> None:
+    """A full disk under --log-dir cut the logs without a word, and the launcher's last line
+    still said the output was there. Each log is now said to end where it ends, once (though
+    both of the rank's streams go to it), and the terminal still gets every line."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(logs)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here: {mounted.stderr.decode().strip()}")
+    try:
+        job = run_launch("--nproc", "2", "--log-dir", str(logs), str(BIN / "chatter.py"), "2000", timeout=60)
+        said = {rank: re.findall(rf"^macfleet agent on localhost: cannot write {logs}/rank-{rank}\.log \(No space left "
+                                 rf"on device\): that log ends at (\d+) bytes, and the rank's output goes on only here$",
+                                 job.stderr, re.M) for rank in (0, 1)}
+        sizes = {rank: (logs / f"rank-{rank}.log").stat().st_size for rank in (0, 1)}
+        kept = {rank: (logs / f"rank-{rank}.log").read_text().splitlines()[1:] for rank in (0, 1)}  # past the header
+    finally:
+        subprocess.run(["umount", str(logs)], check=True)
+    assert job.code == 0, job.output
+    for rank in (0, 1):
+        assert said[rank] == [str(sizes[rank])], (rank, said, sizes, job.stderr[-2000:])
+        lines = [f"chatter {rank} {i} {'.' * 100}" for i in range(2000)]
+        assert kept[rank] and "\n".join(lines).startswith("\n".join(kept[rank])), kept[rank][-3:]  # its start, as it came
+        assert [line for line in job.stdout.splitlines() if line.startswith(f"[rank {rank}]")] == [
+            f"[rank {rank}] {line}" for line in lines]
+
+
 def test_bad_log_dirs_and_rank_filters_are_usage_errors(tmp_path) -> None:
     (tmp_path / "file").touch()
     for args, wanted in ((["--show-ranks", "3"], "among the job's ranks 0-1"),

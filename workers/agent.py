@@ -321,6 +321,7 @@ class Agent:
         self.store_socket: socket.socket | None = None  # host 0: bound now, served by the store process
         self.store: subprocess.Popen | None = None
         self.logs: dict[int, IO[bytes]] = {}  # by rank, with --log-dir
+        self.lost_logs: set[str] = set()  # the paths of those that could not be written (a full disk)
         self.awake: subprocess.Popen | None = None  # holds a Mac awake while its ranks run
         self._dumps: dict[int, _Dump] = {}  # by rank: stacks asked for and not sent yet
         # Nothing is ever written to this pipe: its read end reaches EOF when this process is gone,
@@ -493,8 +494,8 @@ class Agent:
                 caught_up.set()
                 continue
             with self.out_lock:
-                if log is not None:
-                    _write(log, piece)
+                if log is not None and not self._log(log, piece):
+                    log = None  # a full disk: the rest goes to the terminal only, as the agent said
                 if sink is not None:
                     at_start = self._show(sink, prefix, piece, at_start)
             done = lines.add(piece) if lines is not None else None
@@ -510,6 +511,25 @@ class Agent:
         stream.close()
         os.close(ended)
         caught_up.set()
+
+    def _log(self, log: IO[bytes], piece: bytes) -> bool:
+        """Append a piece of a rank's output to its log (under ``out_lock``). A write that fails
+        (a full disk, most often) is said once, on a line of its own, and the log is given up:
+        --log-dir's copy ends there, where the user would otherwise find it cut without a word."""
+        if log.name in self.lost_logs:  # the rank's other stream found it so
+            return False
+        try:
+            log.write(piece)
+            return True
+        except OSError as exc:
+            self.lost_logs.add(log.name)
+            for sink in (sys.stdout.buffer, sys.stderr.buffer):
+                if self._open_line.get(id(sink)) is not None:  # a rank's line left open (a progress bar)
+                    self._open_line[id(sink)] = None
+                    _write(sink, b"\n")
+            print(f"macfleet agent on {self.spec.host}: cannot write {log.name} ({exc.strerror or exc}): that log "
+                  f"ends at {log.tell()} bytes, and the rank's output goes on only here", file=sys.stderr, flush=True)
+            return False
 
     def _show(self, sink: IO[bytes], prefix: bytes, piece: bytes, at_start: bool) -> bool:
         """Write one piece of a rank's output to ``sink`` (under ``out_lock``); whether the rank's
