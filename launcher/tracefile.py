@@ -33,6 +33,8 @@ class TraceFile:
         self.dropped: dict[int, int] = {}  # rank -> events it could not keep or send
         self.malformed = 0
         self.past_limit = 0  # events that came after the file had ``limit``
+        self.failed: str | None = None  # why the file could not be written (a full disk): nothing more goes to it
+        self.unwritten = 0  # events that came after it failed
 
     def add(self, rank: int, host: str, events: Sequence[Any], dropped: object = 0) -> None:
         """One rank's batch of events (``macfleet.timeline.Event`` tuples)."""
@@ -43,6 +45,9 @@ class TraceFile:
             self._write({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} ({host})"}})
             self._write({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}})
         for event in events if isinstance(events, (list, tuple)) else ():
+            if self.failed:
+                self.unwritten += 1
+                continue
             if self.events >= self.limit:
                 self.past_limit += 1
                 continue
@@ -72,7 +77,9 @@ class TraceFile:
         return tid
 
     def _write(self, record: dict[str, Any]) -> None:
-        self._file.write(("" if self._first else ",\n") + json.dumps(record, separators=(",", ":")))
+        """Never raises: a timeline the disk has no room for must not end the job it watches."""
+        if not self.failed:
+            self._write_raw(("" if self._first else ",\n") + json.dumps(record, separators=(",", ":")))
         self._first = False
 
     def summary(self) -> list[str]:
@@ -80,6 +87,10 @@ class TraceFile:
         ranks = len(self.ranks)
         lines = [f"timeline: {self.events} events of {ranks} rank{'' if ranks == 1 else 's'} in {self.path}; "
                  f"open it in https://ui.perfetto.dev or chrome://tracing"]
+        if self.failed:
+            lines = [f"timeline: cannot write {self.path} ({self.failed}): it is cut short within its first "
+                     f"{self.events} events of {ranks} rank{'' if ranks == 1 else 's'}, and {self.unwritten} more "
+                     f"were left out"]
         if self.past_limit:
             lines.append(f"timeline: the file keeps the first {self.limit:,} events; {self.past_limit:,} more were "
                          f"left out (a shorter run, or fewer steps, shows all)")
@@ -92,5 +103,15 @@ class TraceFile:
         return lines
 
     def close(self) -> None:
-        self._file.write("\n]\n")
-        self._file.close()
+        if not self.failed:
+            self._write_raw("\n]\n")
+        try:
+            self._file.close()  # flushes what is left, and closes the file even where that fails
+        except OSError as exc:
+            self.failed = self.failed or exc.strerror or str(exc)
+
+    def _write_raw(self, text: str) -> None:
+        try:
+            self._file.write(text)
+        except OSError as exc:
+            self.failed = exc.strerror or str(exc)

@@ -96,6 +96,19 @@ def test_the_file_keeps_the_first_events_up_to_its_limit_and_skips_what_is_not_a
     assert names == {0: "rank 0 (mini)", 1: "rank 1 (studio)"}
 
 
+def test_a_file_the_disk_has_no_room_for_is_said_to_be_cut_short_and_never_ends_the_job() -> None:
+    """A full disk under --timeline raised from the launcher's loop, mid-job: a traceback, and
+    every rank stopped. /dev/full takes the file and fails every write it flushes."""
+    trace = TraceFile("/dev/full")
+    for batch in range(50):  # past the file's buffer, so that writes fail before the end too
+        trace.add(batch % 2, "mini", [("all_reduce x", 10 + k, 3, "MainThread", {"op": k}) for k in range(20)])
+    trace.close()
+    assert trace.failed == "No space left on device" and trace.unwritten > 0, (trace.failed, trace.unwritten)
+    assert trace.events + trace.unwritten == 1000
+    assert trace.summary() == [f"timeline: cannot write /dev/full (No space left on device): it is cut short within "
+                               f"its first {trace.events} events of 2 ranks, and {trace.unwritten} more were left out"]
+
+
 def test_a_thread_python_did_not_start_is_named_as_autograds() -> None:
     """On a GPU, backward and DataParallel's hooks run on a thread of the autograd engine's,
     which Python knows only as "Dummy-1"; its track is named for what it is. (A thread that
