@@ -86,6 +86,8 @@ def parse_hosts(text: str, default_slots: int = 1) -> list[Host]:
         name, sep, slots = entry.rpartition(":") if not entry.endswith("]") else ("", "", "")
         if not sep or "]" in slots:
             name, slots = entry, ""
+        if sep and not slots:  # a number left out (mac1:$N with N unset): not one slot, silently
+            raise ValueError(f"{where}: {entry!r} has no slots after its ':' (give {name}:2, or {name} for one)")
         if slots and not slots.isdigit():
             raise ValueError(f"{where}: slots {slots!r} in {entry!r} is not a whole number")
         hosts.append(_host(name, int(slots) if slots else default_slots, (), where))

@@ -624,6 +624,9 @@ def test_bad_flags_are_usage_errors() -> None:
     was never noticed), and a memory fraction of nan failed every rank. An empty --hosts ran one
     rank on this Mac, an empty --log-dir wrote the logs where the job runs."""
     for args, says in ((["--nproc", "0"], "'--nproc'"), (["--hosts", "a:x"], "'x' in 'a:x' is not a whole number"),
+                       # mac1:$N with N unset ran one rank there
+                       (["--hosts", "localhost:"], "'localhost:' has no slots after its ':' (give localhost:2, or "
+                                                   "localhost for one)"),
                        (["--device", "tpu"], "'tpu' is not one of"), (["--memory-fraction", "1.5"], "not in the range"),
                        (["--python", "/no/python"], "no such program"), (["--cwd", "/no/directory"], "no such directory"),
                        (["--seed", str(2**64)], "not in the range"), (["--seed", "-1"], "not in the range"),
