@@ -60,7 +60,7 @@ class Output:
                 stream.flush()
             except OSError as exc:
                 if not isinstance(exc, BlockingIOError):
-                    forward_nowhere(stream.fileno())
+                    forward_nowhere(stream.fileno(), exc)
 
     def end(self, writer: object) -> None:
         """``writer`` will write no more: a line of its left unfinished is ended now."""

@@ -11,6 +11,7 @@ launcher's terminal. A piece keeps its ending, so a terminal still redraws the l
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import sys
@@ -72,17 +73,29 @@ def pieces(fd: int, settle_s: float = SETTLE_S, ended: int | None = None) -> Ite
         yield pending
 
 
-def forward_nowhere(fd: int) -> None:
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a file that takes no more, where a reader gone is EPIPE
+
+
+def forward_nowhere(fd: int, error: OSError | None = None) -> None:
     """Whatever read ``fd`` (our stdout or stderr) has gone (``... | head``, a closed terminal,
     an ssh channel closed at the launcher's end): point it at /dev/null. Later writes, and the
     interpreter's last flush of what its buffer still holds, then succeed with nothing shown,
     instead of raising ``BrokenPipeError`` where nobody can read the traceback. (A closed
-    ``fd``, see ``reopen_closed_std_streams``, is opened on /dev/null.)"""
+    ``fd``, see ``reopen_closed_std_streams``, is opened on /dev/null.)
+
+    Where the ``error`` was no reader gone but a file with no room (``macfleet launch ... >
+    out.txt`` on a full disk), stdout's loss is said on stderr, which may still reach someone."""
     devnull = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd`` itself where it was closed
     if devnull != fd:
         os.dup2(devnull, fd)
         os.close(devnull)
     os.set_inheritable(fd, True)  # os.open's are not: children would start with it closed
+    if fd == 1 and error is not None and error.errno in NO_ROOM:
+        try:
+            os.write(2, f"macfleet: cannot write the ranks' output ({error.strerror}): the rest of it is dropped "
+                        f"(--log-dir keeps each rank's)\n".encode())
+        except OSError:
+            pass  # stderr has no room either
 
 
 def reopen_closed_std_streams() -> None:

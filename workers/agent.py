@@ -699,7 +699,7 @@ def _write(sink: IO[bytes], data: bytes) -> None:
         # last flush at exit would print a BrokenPipeError to the launcher, over ssh. (One that is
         # only full for now, non-blocking, loses this piece.)
         if sink in (sys.stdout.buffer, sys.stderr.buffer) and not isinstance(exc, BlockingIOError):
-            forward_nowhere(sink.fileno())
+            forward_nowhere(sink.fileno(), exc if isinstance(exc, OSError) else None)
 
 
 def open_logs(spec: AgentSpec) -> dict[int, IO[bytes]]:
