@@ -18,15 +18,16 @@ def run_bench(cfg: LaunchConfig, json_path: str | None) -> int:
     result = outcome.coordinator.reports.get(0)
     if outcome.code != 0 or not result:
         return outcome.code or 1
-    print(format_table(result))
-    if json_path:
+    code = 0
+    if json_path:  # first: an output with no room for the table (run's one line) loses nothing else
         try:
             with open(json_path, "w") as f:
                 json.dump(result, f, indent=2)
-        except OSError as exc:  # the disk filled while we measured, say: the table above stands
+        except OSError as exc:  # the disk filled while we measured, say: the table below stands
             log(f"cannot write {json_path}: {exc.strerror or exc}")
-            return 1
-    return 0
+            code = 1
+    print(format_table(result))
+    return code
 
 
 def human(nbytes: int) -> str:

@@ -23,7 +23,7 @@ from macfleet.launcher.hosts import Host, data_addresses, parse_hostfile, parse_
 from macfleet.launcher.launch import LaunchConfig, run_with_restarts
 from macfleet.launcher.remote import SshOptions, find_this_machine
 from macfleet.launcher.thunderbolt import DEFAULT_SUBNET, run_cabling
-from macfleet.lines import reopen_closed_std_streams
+from macfleet.lines import NO_ROOM, forward_nowhere, reopen_closed_std_streams
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MACFLEET"})
@@ -423,5 +423,19 @@ def bench_allreduce(sizes: str, dtype: str, budget: float, shared_tensors: bool,
     sys.exit(run_bench(cfg, json_path))
 
 
+def run() -> None:
+    """The ``macfleet`` command: ``main``, where an output that takes no more (``> out.txt`` on
+    a full disk) is one line on stderr instead of a traceback. (click itself ends quietly where
+    the reader has gone, ``| head``.)"""
+    try:
+        main()
+    except OSError as exc:
+        if exc.errno not in NO_ROOM:
+            raise
+        forward_nowhere(1)  # else the interpreter's last flush fails again, with a traceback
+        print(f"macfleet: cannot write its output ({exc.strerror})", file=sys.stderr)
+        sys.exit(1)
+
+
 if __name__ == "__main__":
-    main()
+    run()

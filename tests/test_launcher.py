@@ -936,6 +936,28 @@ def test_a_log_dir_that_fills_up_is_said_once_per_log_and_the_terminal_keeps_eve
             f"[rank {rank}] {line}" for line in lines]
 
 
+def test_an_output_with_no_room_left_is_said_in_one_line_on_stderr(tmp_path) -> None:
+    """``macfleet ... > out.txt`` on a full disk (here /dev/full, which takes no byte): the ranks'
+    output was dropped without a word, and bench's table ended in a traceback, --json unwritten."""
+    def run_into_full(*args: str) -> tuple[int, str]:
+        with open("/dev/full", "wb") as full:
+            proc = subprocess.Popen([sys.executable, "-m", "macfleet.launcher.cli", *args], stdout=full,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            _, err = proc.communicate(timeout=90)
+        finally:
+            kill_group(proc.pid)
+        return proc.returncode, err
+
+    code, said = run_into_full("launch", "--nproc", "2", str(BIN / "chatter.py"), "200")
+    assert code == 0 and said.count("macfleet: cannot write the ranks' output (No space left on device)") == 1, said
+    out = tmp_path / "bench.json"
+    code, bench = run_into_full("bench", "allreduce", "--nproc", "2", "--sizes", "4K", "--budget", "0.05", "--json", str(out))
+    assert code == 1 and "macfleet: cannot write its output (No space left on device)" in bench, bench
+    assert "Traceback" not in said + bench, said + bench
+    assert sorted(row["library"] for row in json.loads(out.read_text())["rows"]) == ["gloo", "macfleet"]
+
+
 def test_bad_log_dirs_and_rank_filters_are_usage_errors(tmp_path) -> None:
     (tmp_path / "file").touch()
     for args, wanted in ((["--show-ranks", "3"], "among the job's ranks 0-1"),
