@@ -54,6 +54,17 @@ def not_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     return value
 
 
+def file_to_write(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A file the command writes at its end (bench's --json, cabling's hostfile): a directory
+    that is not there, or not ours to write in, is said before minutes of work, not after."""
+    value = not_empty(ctx, param, value)
+    if value is not None:
+        directory = os.path.dirname(os.path.abspath(value))
+        if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+            raise click.BadParameter(f"cannot write in {directory}", ctx, param)
+    return value
+
+
 def key_file(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """An ssh key that is not there: ssh only warns of it, then fails as "Permission denied"
     (as ssh does, ``~`` is the home directory)."""
@@ -362,7 +373,7 @@ def doctor(megabytes: int, **hosts: Any) -> None:
 @reach_options
 @click.option("--subnet", callback=not_empty, default=DEFAULT_SUBNET, show_default=True,
               help="The range each cable's /30 comes from (one no network of these Macs uses).")
-@click.option("--output", "-o", type=click.Path(dir_okay=False), callback=not_empty, default=None,
+@click.option("--output", "-o", type=click.Path(dir_okay=False), callback=file_to_write, default=None,
               help="Write the hostfile here (else it is printed).")
 def cabling(subnet: str, output: str | None, **hosts: Any) -> None:
     """Find the Thunderbolt cables between Macs: print each Mac's commands that give every cable
@@ -393,7 +404,7 @@ def bench() -> None:
               "this host's ranks share (as DataParallel's buckets are): macfleet reduces them where they are.")
 @click.option("--no-gloo", is_flag=True, help="Time macfleet's alone (left out anyway where a host has one address "
               "per cable: gloo connects every rank to every other, over one interface).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), callback=not_empty, default=None,
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), callback=file_to_write, default=None,
               help="Also write the results here.")
 def bench_allreduce(sizes: str, dtype: str, budget: float, shared_tensors: bool, no_gloo: bool, json_path: str | None,
                     **hosts: Any) -> None:
@@ -416,10 +427,6 @@ def bench_allreduce(sizes: str, dtype: str, budget: float, shared_tensors: bool,
         cfg.args.append("--no-gloo")  # and the ranks leave gloo out where hosts have one address per cable
     if cfg.world_size < 2:
         raise click.UsageError("an all-reduce needs at least 2 ranks: give --nproc 2 or more, or several hosts")
-    if json_path is not None:  # before minutes of measuring, not after
-        directory = os.path.dirname(os.path.abspath(json_path))
-        if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
-            raise click.BadParameter(f"cannot write in {directory}", param_hint="--json")
     sys.exit(run_bench(cfg, json_path))
 
 

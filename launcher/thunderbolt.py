@@ -219,11 +219,17 @@ def report(hosts: list[Host], found: list[Probe], subnet: ipaddress.IPv4Network,
         for line in commands(i, result.cables):
             print(f"  {line}")
     text = hostfile(hosts, result)
+    written = False
     if out_path:
-        with open(out_path, "w") as f:
-            f.write(text)
+        try:
+            with open(out_path, "w") as f:
+                f.write(text)
+            written = True
+        except OSError as exc:  # a disk that filled while the Macs were asked, say: the hostfile is printed instead
+            print(f"cannot write {out_path}: {exc.strerror or exc}", file=sys.stderr)
+    if written:
         print(f"\nhostfile written to {out_path}: macfleet launch --hostfile {out_path} train.py")
     else:
         print(f"\nhostfile (macfleet launch --hostfile FILE train.py):\n{text}", end="")
     print("\nThe addresses last until a Mac restarts; run the commands again after one.")
-    return 0
+    return 0 if written or not out_path else 1

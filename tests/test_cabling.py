@@ -111,6 +111,9 @@ def test_the_report_writes_the_hostfile_or_says_why_it_cannot(tmp_path, capsys) 
     printed = capsys.readouterr().out
     assert out.read_text() == hostfile(hosts, plan([p.ports for p in probes(triangle)], SUBNET))
     assert printed.count("sudo ifconfig bridge0 down") == 3 and f"--hostfile {out}" in printed, printed
+    assert report(hosts, probes(triangle), SUBNET, "/dev/full") == 1  # a disk with no room: printed instead
+    said = capsys.readouterr()
+    assert "cannot write /dev/full: No space left on device" in said.err and out.read_text() in said.out, said
     chain = {"A": {"1": ("en2", "B1")}, "B": {"1": ("en2", "A1"), "2": ("en3", "C1")}, "C": {"1": ("en2", "B2")}}
     assert report(hosts, probes(chain), SUBNET, str(tmp_path / "chain.txt")) == 1
     assert "close no ring" in capsys.readouterr().err and not (tmp_path / "chain.txt").exists()
@@ -143,3 +146,7 @@ def test_the_command_names_a_host_it_cannot_read_in_one_line() -> None:
     assert alone.returncode == 2 and "two or more" in alone.stderr, alone
     bad = cabling_command("--hosts", "a,b", "--subnet", "10.78.0.0/33")
     assert bad.returncode == 2 and "is not an IPv4 range" in bad.stderr, bad
+    # said before the Macs are asked, not as a traceback after
+    nowhere = cabling_command("--hosts", "localhost,nosuch.invalid", "--output", "/no/such/dir/hosts.txt")
+    assert nowhere.returncode == 2 and "'--output' / '-o': cannot write in /no/such/dir" in nowhere.stderr, nowhere
+    assert "Thunderbolt" not in nowhere.stderr, nowhere.stderr
