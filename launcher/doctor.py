@@ -94,8 +94,9 @@ def run_doctor(cfg: LaunchConfig) -> int:
         address += f" on {hello['link']}" if hello.get("link") else ""
         if len(cfg.hosts) > 1 and over_wifi(hello.get("link")):
             problems.append("Wi-Fi")
+        memory = facts[i].get("memory_gb")
         rows.append([host.ssh_target, "ok", str(facts[i].get("python")), str(facts[i].get("torch")),
-                     str(facts[i].get("macfleet")), device, address,
+                     str(facts[i].get("macfleet")), device, f"{memory:g} GiB" if memory else "?", address,
                      f"-> {cfg.hosts[(i + 1) % len(cfg.hosts)].name}: {link}" if len(cfg.hosts) > 1 else "-",
                      "!! " + ", ".join(problems) if problems else "ok"])
         if any("differs" in p for p in problems):
@@ -105,11 +106,28 @@ def run_doctor(cfg: LaunchConfig) -> int:
             advice.append(f"{host.name}: its link {looks}; {CABLE_ADVICE}")
         if "no GPU" in problems:
             advice.append(f"{host.name}: torch sees no MPS/CUDA device; this host would train on its CPU")
-    print(_table(["host", "ssh", "python", "torch", "macfleet", "device", "data address", "ring link", "status"], rows))
+    advice += memory_advice(cfg.hosts, [f.get("memory_gb") for f in facts])
+    print(_table(["host", "ssh", "python", "torch", "macfleet", "device", "memory", "data address", "ring link",
+                  "status"], rows))
     for line in advice:
         print("suggestion: " + line)
     failed = outcome.code != 0 or any(r[-1] != "ok" and ("differs" in r[-1] or "failed" in r[-1]) for r in rows)
     return 1 if failed else 0
+
+
+def memory_advice(hosts: list[Host], memory_gb: list[float | None]) -> list[str]:
+    """A Mac with much less memory a rank than another (an 8 GB MacBook Air beside a 64 GB Mac
+    Studio): every rank holds the whole model and its part of the batch, so the job is as big as
+    that Mac's ranks can hold. Said where the least is under half the most."""
+    known = [(gb / h.slots, h) for h, gb in zip(hosts, memory_gb, strict=True) if gb]
+    if len(known) < 2:
+        return []
+    (least, small), (most, big) = min(known, key=lambda k: k[0]), max(known, key=lambda k: k[0])
+    if least * 2 > most:
+        return []
+    fewer = f" (fewer ranks on {small.name} give each more)" if small.slots > 1 else ""
+    return [f"{small.name}: {least:.1f} GiB of memory a rank, against {most:.1f} on {big.name}: every rank holds the "
+            f"whole model and its part of the batch, so what fits {small.name} is what the job can train{fewer}"]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

@@ -596,6 +596,9 @@ def test_doctor_prints_a_table_with_every_link(sshd, tmp_path) -> None:
     rows = {line.split()[0]: line for line in out.stdout.splitlines()[1:] if line.startswith("127.")}
     assert set(rows) == {"127.0.0.2", "127.0.0.3"}
     assert "-> 127.0.0.3:" in rows["127.0.0.2"] and "Gbit/s" in rows["127.0.0.2"] and "-> 127.0.0.2:" in rows["127.0.0.3"]
+    memory = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)  # both "hosts" are this machine
+    assert all(f" {memory:g} GiB " in row for row in rows.values()), rows
+    assert "GiB of memory a rank" not in out.stdout  # alike: nothing to say
     bad = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hosts", "127.0.0.2,127.0.0.9",
                           *sshd.launch_options(), "--ssh-connect-timeout", "3"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "unreachable" in bad.stdout

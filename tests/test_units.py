@@ -1425,6 +1425,21 @@ def test_bench_sizes_are_weighed_against_each_host_s_memory_for_its_own_ranks() 
     assert memory_shortfalls("2G", fleet) == []  # exactly full still fits
 
 
+def test_doctor_says_where_a_mac_has_much_less_memory_a_rank_than_another() -> None:
+    from macfleet.launcher.doctor import memory_advice
+    from macfleet.launcher.hosts import Host
+
+    air, studio, mini = Host("air", 2), Host("studio", 2), Host("mini", 1)
+    assert memory_advice([air, studio], [8.0, 64.0]) == [
+        "air: 4.0 GiB of memory a rank, against 32.0 on studio: every rank holds the whole model and its part of the "
+        "batch, so what fits air is what the job can train (fewer ranks on air give each more)"]
+    assert memory_advice([mini, studio], [16.0, 64.0]) == [  # 16 a rank against 32: said, with no fewer to give
+        "mini: 16.0 GiB of memory a rank, against 32.0 on studio: every rank holds the whole model and its part of "
+        "the batch, so what fits mini is what the job can train"]
+    assert memory_advice([mini, studio], [24.0, 64.0]) == []  # 24 against 32: near enough
+    assert memory_advice([air, studio], [None, 64.0]) == [] and memory_advice([studio], [64.0]) == []
+
+
 def test_the_layers_import_one_another_as_the_design_says() -> None:
     """DESIGN.md section 1: the launcher and the workers may import the library, which imports
     neither, and they never import each other. The library's runtime imported the workers'
