@@ -334,8 +334,12 @@ class Coordinator:
                 return  # their answers are on the way
             suspect = suspects[0] if suspects else None
             where = self.samples[suspect].text if suspect in self.samples else ""
-            self.fail(Failure(time.time(), f"stalled: {reason}", suspect,
-                              detail=f"rank {suspect} was at:\n{where}" if where else ""))
+            detail = [f"rank {suspect} was at:\n{where}"] if where else []
+            if suspect is not None:  # a wait on the network looks stuck: no stack moves, no processor used
+                detail.append(f"(if rank {suspect} was doing slow work of its own rather than stuck, an upload or "
+                              f"a download, say: give --stall-timeout above that work's length, or --stall-action "
+                              f"warn)")
+            self.fail(Failure(time.time(), f"stalled: {reason}", suspect, detail="\n".join(detail)))
 
     def _working(self, suspects: list[int], now: float) -> bool:
         """Whether the stall's suspects are working rather than stuck: rank 0 validating alone
