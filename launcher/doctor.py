@@ -118,7 +118,7 @@ def run_doctor(cfg: LaunchConfig) -> int:
 def memory_advice(hosts: list[Host], memory_gb: list[float | None]) -> list[str]:
     """A Mac with much less memory a rank than another (an 8 GB MacBook Air beside a 64 GB Mac
     Studio): every rank holds the whole model and its part of the batch, so the job is as big as
-    that Mac's ranks can hold. Said where the least is under half the most."""
+    that Mac's ranks can hold. Said where the least is half the most or less."""
     known = [(gb / h.slots, h) for h, gb in zip(hosts, memory_gb, strict=True) if gb]
     if len(known) < 2:
         return []
