@@ -521,6 +521,8 @@ class Agent:
         try:
             log.write(piece)
             return True
+        except ValueError:  # closed at the agent's end: what a rank's orphaned child still writes is dropped
+            return False
         except OSError as exc:
             self.lost_logs.add(log.name)
             for sink in (sys.stdout.buffer, sys.stderr.buffer):
