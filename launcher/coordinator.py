@@ -89,6 +89,7 @@ class Coordinator:
         self.registered: dict[int, dict[str, str]] = {}
         self.exits: dict[int, WorkerExit] = {}
         self.agents_done: set[int] = set()
+        self.cut_logs: set[int] = set()  # ranks whose --log-dir log its agent could not write to the end
         self.failures: list[Failure] = []
         self.dropped = 0
         self.started = False
@@ -563,6 +564,9 @@ class Coordinator:
         index = msg.get("host_index")
         if isinstance(index, int):
             self.agents_done.add(index)
+        cut = msg.get("cut_logs")
+        if isinstance(cut, (list, tuple)):  # msgpack gives tuples (wire.unpack)
+            self.cut_logs.update(r for r in cut if isinstance(r, int))
         peer.watched = False
 
     def _check_heartbeats(self) -> None:

@@ -458,6 +458,10 @@ def _run_attempts(cfg: LaunchConfig, max_restarts: int, stdin: StdinRelay, trace
         if outcome.code == 0 or outcome.interrupted or not outcome.coordinator.started or attempt == max_restarts:
             if cfg.log_dir is not None and outcome.coordinator.started:
                 where = " on its host" if len(job.hosts) > 1 else ""
+                cut = sorted(outcome.coordinator.cut_logs)
+                if cut:  # its agent said where, and why
+                    where += (f", cut short for rank{'s' if len(cut) > 1 else ''} {', '.join(map(str, cut))} "
+                              f"(no room on the disk)")
                 log(f"each rank's output is also in {os.path.join(cfg.cwd, cfg.log_dir, 'rank-K.log')}{where}")
             return outcome.code
         root = outcome.coordinator.root_cause()

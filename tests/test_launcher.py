@@ -928,6 +928,9 @@ def test_a_log_dir_that_fills_up_is_said_once_per_log_and_the_terminal_keeps_eve
     finally:
         subprocess.run(["umount", str(logs)], check=True)
     assert job.code == 0, job.output
+    # and the launcher's last line, which said the output was there, says where it is not
+    assert f"each rank's output is also in {logs}/rank-K.log, cut short for ranks 0, 1 (no room on the disk)" \
+        in job.stderr, job.stderr[-500:]
     for rank in (0, 1):
         assert said[rank] == [str(sizes[rank])], (rank, said, sizes, job.stderr[-2000:])
         lines = [f"chatter {rank} {i} {'.' * 100}" for i in range(2000)]

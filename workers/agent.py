@@ -665,7 +665,8 @@ class Agent:
         with self.out_lock:  # a pump still draining a rank's orphaned child writes no more
             for log in self.logs.values():
                 log.close()
-        self.client.send(protocol.DONE, host_index=self.spec.host_index)
+        cut = sorted(rank for rank, log in self.logs.items() if log.name in self.lost_logs)
+        self.client.send(protocol.DONE, host_index=self.spec.host_index, cut_logs=cut)
         self.client.close()
         self.ctx.destroy(linger=1000)
         segments.release(self.tmpdir)  # shared-memory objects a crash left (macOS)
