@@ -101,6 +101,14 @@ AGENT_SETS: dict[str, str] = {
 }
 
 
+def physical_memory() -> int | None:
+    """This host's memory in bytes (on a Mac, its GPU's too), or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def shared_memory_fraction(processes: int) -> float | None:
     """Each process's share of a GPU's memory by default, where ``processes`` share the GPU:
     0.9 of it split evenly, the rest left to the system (a Mac's GPU memory is the machine's).

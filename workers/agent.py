@@ -35,7 +35,7 @@ import zmq
 from macfleet import netaddr, openfiles, protocol, segments, sources
 from macfleet.commands import module_command
 from macfleet.control import ControlClient
-from macfleet.env import shared_memory_fraction
+from macfleet.env import physical_memory, shared_memory_fraction
 from macfleet.lines import WholeLines, ends_line, forward_nowhere, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
 from macfleet.workers import dumps
@@ -124,15 +124,8 @@ def script_digest(spec: AgentSpec) -> str | None:
 
 
 def _memory_gb() -> float | None:
-    memory = _memory_bytes()
+    memory = physical_memory()
     return None if memory is None else round(memory / 2**30, 1)
-
-
-def _memory_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 # ru_maxrss is in KiB on Linux and in bytes on macOS
@@ -630,7 +623,7 @@ class Agent:
                 rank=w.rank, host=self.spec.host, pid=w.proc.pid, code=128 - code if code < 0 else code,
                 signal=signame, time=w.exited_at, error=_read_json(w.error_file),
                 tail=list(w.tail) if code != 0 else [], stopped=self.stopped_why if code != 0 else None,
-                peak_rss=w.peak_rss, host_memory=_memory_bytes(),
+                peak_rss=w.peak_rss, host_memory=physical_memory(),
             )
             self.client.send(protocol.EXIT, **w.exit.fitted().to_fields())
 

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import macfleet
+from macfleet.env import physical_memory
 from macfleet.knobs import parse_size
 from macfleet.runtime import host_tensor, report, runtime
 
@@ -76,13 +77,6 @@ def memory_shortfalls(largest: str, hosts: list[tuple[str, int | None]]) -> list
             short.append(f"{count} rank{'s' if count > 1 else ''} on {host} would hold about {needed / 2**30:.1f} "
                          f"GiB, and it has {memory / 2**30:.1f} GiB")
     return short
-
-
-def physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return None
 
 
 def main() -> None:
