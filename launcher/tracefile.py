@@ -84,13 +84,13 @@ class TraceFile:
 
     def summary(self) -> list[str]:
         """What the launcher says of the file at the end: where it is, and what it left out."""
-        ranks = len(self.ranks)
-        lines = [f"timeline: {self.events} events of {ranks} rank{'' if ranks == 1 else 's'} in {self.path}; "
-                 f"open it in https://ui.perfetto.dev or chrome://tracing"]
+        ranks = f"{len(self.ranks)} rank{'' if len(self.ranks) == 1 else 's'}"
         if self.failed:
             lines = [f"timeline: cannot write {self.path} ({self.failed}): it is cut short within its first "
-                     f"{self.events} events of {ranks} rank{'' if ranks == 1 else 's'}, and {self.unwritten} more "
-                     f"were left out"]
+                     f"{self.events} events of {ranks}, and {self.unwritten} more were left out"]
+        else:
+            lines = [f"timeline: {self.events} events of {ranks} in {self.path}; open it in https://ui.perfetto.dev "
+                     f"or chrome://tracing"]
         if self.past_limit:
             lines.append(f"timeline: the file keeps the first {self.limit:,} events; {self.past_limit:,} more were "
                          f"left out (a shorter run, or fewer steps, shows all)")
