@@ -693,3 +693,9 @@ def test_a_killed_and_restarted_run_ends_like_an_uninterrupted_one(tmp_path) -> 
     want = torch.load(tmp_path / "clean" / "model.pt")["model"]
     for name in want:
         assert torch.allclose(got[name], want[name], atol=1e-6, rtol=0), name
+    # The epoch the kill cut short is reported whole: its loss is the mean over all its steps,
+    # those before the restart too (it was the mean over the steps after it alone).
+    epochs = [json.loads((d / "metrics.json").read_text())["epochs"] for d in (crashed_dir, tmp_path / "clean")]
+    for got_epoch, want_epoch in zip(*epochs, strict=True):
+        assert got_epoch["loss"] == pytest.approx(want_epoch["loss"], rel=1e-5), epochs
+        assert got_epoch["test_accuracy"] == want_epoch["test_accuracy"], epochs

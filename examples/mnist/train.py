@@ -177,18 +177,29 @@ def evaluate():
 checkpoint_path = os.path.join(args.train_url, "checkpoint.pt") if args.train_url else None
 restarted = int(os.environ.get("MACFLEET_RESTART_COUNT", "0")) > 0
 start_epoch, step, history = 0, 0, []
+# the steps of the epoch a mid-epoch checkpoint was taken in: their loss (summed over steps, as
+# the epoch's mean needs it) and time, so that a resumed epoch's line and metrics.json cover the
+# whole epoch, not only the steps after the restart
+before = {"loss": 0.0, "steps": 0, "seconds": 0.0}
 if checkpoint_path and (args.resume or restarted):
     # rank 0 decides: the other hosts may not see rank 0's disk
     found = macfleet.broadcast(torch.tensor([int(master and os.path.exists(checkpoint_path))]))
     if found.item():
         state = macfleet.checkpoint.load(checkpoint_path, model, optimizer, sampler)
         start_epoch, step, history = state.epoch, state.step, state.extra.get("history", [])
+        before = state.extra.get("epoch_so_far", before)
         log(f"resumed from {checkpoint_path}: epoch {start_epoch + 1}, step {step}")
     else:  # after a restart too: rank 0's Mac may be another one now (macfleet launch --min-hosts)
         log(f"no checkpoint in {args.train_url} on rank 0's Mac yet; starting from the beginning")
 
 # -----------------------------------------------------------------------------
 # training loop
+def loss_sum(total_loss):
+    """The global batch's loss summed over this epoch's steps so far: each rank's sum weighted by
+    its share of the batch (a collective)."""
+    return macfleet.all_reduce(total_loss.cpu() * shares[rank], "sum").item() / sum(shares)
+
+
 log(f"training on {world} process{'es' if world > 1 else ''}, device {device}, "
     f"global batch {args.batch_size * sum(shares)}")
 for epoch in range(start_epoch, args.epochs):
@@ -204,13 +215,17 @@ for epoch in range(start_epoch, args.epochs):
         total_loss += loss.detach()  # on the device: on MPS every .item() or .cpu() drains the GPU's queue
         steps, step, consumed = steps + 1, step + 1, consumed + len(x)
         if checkpoint_path and args.checkpoint_every and step % args.checkpoint_every == 0:
-            # a collective: every rank calls it (each one's RNG state goes in); rank 0 writes
+            # collectives: every rank calls them (each one's RNG state goes in); rank 0 writes
+            so_far = {"loss": before["loss"] + loss_sum(total_loss), "steps": before["steps"] + steps,
+                      "seconds": before["seconds"] + time.perf_counter() - started}
             macfleet.checkpoint.save(checkpoint_path, model, optimizer, step=step, epoch=epoch, sampler=sampler,
-                                     sampler_consumed=consumed, history=history)
-    seconds = time.perf_counter() - started
-    mean_loss = macfleet.all_reduce(total_loss.cpu() / max(steps, 1) * shares[rank], "sum").item() / sum(shares)
+                                     sampler_consumed=consumed, history=history, epoch_so_far=so_far)
+    steps_done = before["steps"] + steps
+    seconds = before["seconds"] + time.perf_counter() - started
+    mean_loss = (before["loss"] + loss_sum(total_loss)) / max(steps_done, 1)
+    before = {"loss": 0.0, "steps": 0, "seconds": 0.0}  # the next epoch starts whole
     accuracy = evaluate()
-    samples_per_s = steps * args.batch_size * sum(shares) / seconds
+    samples_per_s = steps_done * args.batch_size * sum(shares) / seconds
     history.append({"epoch": epoch + 1, "loss": mean_loss, "test_accuracy": accuracy,
                     "samples_per_s": samples_per_s, "seconds": seconds})
     memory = macfleet.memory()  # GPU memory (empty on a CPU); the cache goes back once an epoch
