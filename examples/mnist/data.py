@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import math
 import os
+import socket
 import struct
 import urllib.request
 
@@ -84,9 +85,11 @@ def download(directory: str) -> None:
             if hashlib.md5(blob).hexdigest() != md5:
                 errors.append(f"{mirror}: checksum mismatch")
                 continue
-            with open(target + ".part", "wb") as f:
+            # a name of this process's own: Macs sharing a home directory download into it at once
+            part = f"{target}.part-{socket.gethostname()}-{os.getpid()}"
+            with open(part, "wb") as f:
                 f.write(blob)
-            os.replace(target + ".part", target)
+            os.replace(part, target)
             break
         else:
             raise RuntimeError(f"could not download {name}: " + "; ".join(errors))
