@@ -856,6 +856,22 @@ def test_a_job_whose_stdout_reader_has_gone_ends_quietly_across_hosts(sshd) -> N
     assert "Exception ignored" not in err and "BrokenPipeError" not in err, err
 
 
+def test_an_output_with_no_room_left_is_said_once_across_hosts(sshd) -> None:
+    """The launcher's stdout on a full disk (/dev/full), ranks on this Mac and on two others:
+    the local agent and the launcher's relay of the remote agents' output both meet it, and
+    the user is told once, not once by each."""
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.Popen(launch_command("--hosts", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", *sshd.launch_options(),
+                                               str(BIN / "chatter.py"), "200"),
+                                stdout=full, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        kill_group(proc.pid)
+    assert proc.returncode == 0, err
+    assert err.count("cannot write the ranks' output (No space left on device)") == 1, err
+
+
 def test_remote_ranks_write_their_logs_on_their_host(sshd, remote_job, tmp_path) -> None:
     """Each agent writes its ranks' logs under --cwd on its own host (here one file system),
     and an agent that cannot says why as the root cause."""
