@@ -374,6 +374,24 @@ def test_shards_cover_the_dataset_and_agree_on_the_shuffle(n: int, world: int, e
         assert set(seen) == set(range(n)) and len(seen) - n < parts  # padded by less than a round
 
 
+@given(st.integers(1, 100), st.integers(1, 8), st.data(), st.integers(0, 2**31), st.integers(0, 5), st.booleans(),
+       st.booleans())
+def test_without_shares_each_rank_gets_the_shard_torch_s_sampler_gives_it(n: int, world: int, data: Any, seed: int,
+                                                                         epoch: int, shuffle: bool,
+                                                                         drop_last: bool) -> None:
+    """The README's port of a DDP script swaps torch's DistributedSampler for macfleet's, "the
+    same options": a job then reads the same samples in the same order on every rank, and a
+    result can be compared with the DDP run's."""
+    from torch.utils.data.distributed import DistributedSampler as TorchSampler
+
+    rank = data.draw(st.integers(0, world - 1))
+    theirs = TorchSampler(range(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    ours = DistributedSampler(n, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    theirs.set_epoch(epoch)
+    ours.set_epoch(epoch)
+    assert list(ours) == list(theirs) and len(ours) == len(theirs)
+
+
 def test_a_ranks_shares_are_consecutive_places_of_each_round() -> None:
     s = DistributedSampler(10, num_replicas=3, rank=1, shuffle=False, shares=[2, 2, 2])
     assert list(s) == [2, 3, 8, 9]  # places 2-3 of each round of 6, the round padded from the start
