@@ -1,8 +1,8 @@
 """Checkpoints that survive crashes: ``save`` and ``load``, called on every rank.
 
-A checkpoint holds the model and optimizer state, step, epoch, the sampler's position and the
-RNG state of every generator of every rank (CPU, device, Python), so a restarted job continues
-exactly where it stopped. Rank 0 writes it atomically: to a temporary file, fsync'd, then
+A checkpoint holds the model, optimizer and learning-rate scheduler state, step, epoch, the
+sampler's position and the RNG state of every generator of every rank (CPU, device, Python),
+so a restarted job continues exactly where it stopped. Rank 0 writes it atomically: to a temporary file, fsync'd, then
 renamed over the old one, so a crash during a save leaves the previous checkpoint whole.
 ``load`` reads the file on rank 0 and broadcasts it, so other hosts need no shared disk.
 """
@@ -37,9 +37,14 @@ class Checkpoint:
 
 
 def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, step: int = 0,
-         epoch: int = 0, sampler: Any = None, sampler_consumed: int = 0, **extra: Any) -> None:
+         epoch: int = 0, sampler: Any = None, sampler_consumed: int = 0, scheduler: Any = None,
+         **extra: Any) -> None:
     """Collective: every rank must call it. ``sampler_consumed`` is how many samples of the
-    current epoch this rank has already taken from ``sampler``."""
+    current epoch this rank has already taken from ``sampler``. ``scheduler``: the script's
+    learning-rate scheduler (anything with ``state_dict`` and ``load_state_dict``), without
+    which a resumed run would start its schedule over. ``extra``: anything else to keep
+    (``Checkpoint.extra`` at the load)."""
+    _stateful("scheduler", scheduler)
     with rt.on_behalf_of("checkpoint.save"):
         states = _gather_rng_states()
     if rt.rank() != 0:
@@ -50,6 +55,7 @@ def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "step": step, "epoch": epoch,
         "sampler": sampler.state_dict(sampler_consumed) if sampler is not None else None,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "rng": states, "extra": extra,
     }
     atomic_save(state, path)
@@ -78,13 +84,15 @@ def atomic_save(state: dict[str, Any], path: str) -> None:
         os.close(fd)
 
 
-def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, sampler: Any = None) -> Checkpoint:
+def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, sampler: Any = None,
+         scheduler: Any = None) -> Checkpoint:
     """Collective: restore what ``save`` wrote; raise ``ConfigError`` (one line) if it does not fit.
 
     A checkpoint of a job with another number of ranks (a Mac gone, or one added) loads too:
     model, optimizer, step, epoch and the sampler's place in the epoch resume, but each rank's
     random generators keep this job's seeds, so the run is no longer bit-identical to one that
     was never interrupted (rank 0 says so)."""
+    _stateful("scheduler", scheduler)
     with rt.on_behalf_of("checkpoint.load"):
         state = _read_on_rank0_and_broadcast(path)
     saved_world = state.get("world_size")
@@ -98,6 +106,13 @@ def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
             raise ConfigError(f"{path}: optimizer state does not fit this optimizer ({exc})") from None
     if sampler is not None and state.get("sampler") is not None:
         sampler.load_state_dict(state["sampler"])
+    if scheduler is not None:
+        if state.get("scheduler") is None:  # the schedule would start over: say so, as for the optimizer
+            raise ConfigError(f"{path} holds no scheduler state (save it with checkpoint.save(..., scheduler=...))")
+        try:
+            scheduler.load_state_dict(state["scheduler"])
+        except (ValueError, KeyError, RuntimeError, TypeError) as exc:
+            raise ConfigError(f"{path}: scheduler state does not fit this scheduler ({exc})") from None
     if saved_world == rt.world_size():
         _restore_rng(state["rng"][rt.rank()])
     elif rt.rank() == 0:
@@ -106,6 +121,15 @@ def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
               f"start from this job's seeds, so the run is not bit-identical to an uninterrupted one",
               file=sys.stderr, flush=True)
     return Checkpoint(step=int(state["step"]), epoch=int(state["epoch"]), extra=dict(state.get("extra") or {}))
+
+
+def _stateful(name: str, value: Any) -> None:
+    """``value`` is None or has a state to save and load: a scheduler's ``state_dict()`` passed
+    for the scheduler would otherwise fail only at the load, after the run it was to resume."""
+    if value is not None and not (callable(getattr(value, "state_dict", None))
+                                  and callable(getattr(value, "load_state_dict", None))):
+        raise ConfigError(f"{name}= takes the {name} itself (an object with state_dict and load_state_dict), "
+                          f"not a {type(value).__name__}")
 
 
 def _read_on_rank0_and_broadcast(path: str) -> dict[str, Any]:

@@ -633,6 +633,45 @@ def test_a_checkpoint_loads_however_the_model_is_wrapped(tmp_path) -> None:
     assert all(torch.equal(p.detach(), w) for p, w in zip(fresh.parameters(), want, strict=True))
 
 
+def test_a_run_resumed_with_its_scheduler_ends_like_an_uninterrupted_one(tmp_path) -> None:
+    """A learning-rate schedule is part of where a run is: a checkpoint without it resumed a
+    cosine schedule from its start, at its largest rate, and the run ended elsewhere than an
+    uninterrupted one (the README said it would end the same)."""
+    import macfleet
+
+    def run(steps: range, path: str | None = None, load: bool = False) -> tuple[nn.Module, float]:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)
+        if load:
+            assert path is not None and macfleet.checkpoint.load(path, model, optimizer, scheduler=scheduler).step == 4
+        for step in steps:
+            x = torch.arange(4.0) + step
+            optimizer.zero_grad()
+            (model(x) - 1).pow(2).sum().backward()
+            optimizer.step()
+            scheduler.step()
+            if path is not None and not load and step == 3:
+                macfleet.checkpoint.save(path, model, optimizer, step=4, scheduler=scheduler)
+        return model, scheduler.get_last_lr()[0]
+
+    path = str(tmp_path / "checkpoint.pt")
+    whole, whole_lr = run(range(10), path)
+    resumed, resumed_lr = run(range(4, 10), path, load=True)
+    assert resumed_lr == whole_lr
+    for got, want in zip(resumed.parameters(), whole.parameters(), strict=True):
+        assert torch.equal(got, want)
+    bare = str(tmp_path / "bare.pt")
+    macfleet.checkpoint.save(bare, nn.Linear(4, 1))
+    model = nn.Linear(4, 1)
+    scheduler = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model.parameters(), lr=0.1), 2)
+    with pytest.raises(macfleet.ConfigError, match=r"bare.pt holds no scheduler state"):
+        macfleet.checkpoint.load(bare, model, scheduler=scheduler)
+    with pytest.raises(macfleet.ConfigError, match=r"scheduler= takes the scheduler itself .* not a dict"):
+        macfleet.checkpoint.save(bare, model, scheduler=scheduler.state_dict())
+
+
 def test_a_checkpoint_resumes_in_a_job_of_another_size(tmp_path) -> None:
     """A Mac of the cluster is gone (or one more is there): the job restarts on fewer (more)
     ranks from the last checkpoint. That was a ConfigError ("written by a job of 3 ranks");
