@@ -1,8 +1,8 @@
 """Checkpoints that survive crashes: ``save`` and ``load``, called on every rank.
 
-A checkpoint holds the model, optimizer and learning-rate scheduler state, step, epoch, the
-sampler's position and the RNG state of every generator of every rank (CPU, device, Python),
-so a restarted job continues exactly where it stopped. Rank 0 writes it atomically: to a temporary file, fsync'd, then
+A checkpoint holds the model, optimizer, learning-rate scheduler and gradient scaler state,
+step, epoch, the sampler's position and the RNG state of every generator of every rank (CPU,
+device, Python), so a restarted job continues exactly where it stopped. Rank 0 writes it atomically: to a temporary file, fsync'd, then
 renamed over the old one, so a crash during a save leaves the previous checkpoint whole.
 ``load`` reads the file on rank 0 and broadcasts it, so other hosts need no shared disk.
 """
@@ -38,13 +38,14 @@ class Checkpoint:
 
 def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, step: int = 0,
          epoch: int = 0, sampler: Any = None, sampler_consumed: int = 0, scheduler: Any = None,
-         **extra: Any) -> None:
+         scaler: Any = None, **extra: Any) -> None:
     """Collective: every rank must call it. ``sampler_consumed`` is how many samples of the
     current epoch this rank has already taken from ``sampler``. ``scheduler``: the script's
-    learning-rate scheduler (anything with ``state_dict`` and ``load_state_dict``), without
-    which a resumed run would start its schedule over. ``extra``: anything else to keep
-    (``Checkpoint.extra`` at the load)."""
-    _stateful("scheduler", scheduler)
+    learning-rate scheduler, without which a resumed run would start its schedule over;
+    ``scaler``: its ``torch.amp.GradScaler`` (float16 autocast), whose scale would start over
+    (anything with ``state_dict`` and ``load_state_dict`` will do for either). ``extra``:
+    anything else to keep (``Checkpoint.extra`` at the load)."""
+    stateful = _stateful(scheduler=scheduler, scaler=scaler)
     with rt.on_behalf_of("checkpoint.save"):
         states = _gather_rng_states()
     if rt.rank() != 0:
@@ -55,7 +56,7 @@ def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "step": step, "epoch": epoch,
         "sampler": sampler.state_dict(sampler_consumed) if sampler is not None else None,
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        **{name: value.state_dict() for name, value in stateful.items()},
         "rng": states, "extra": extra,
     }
     atomic_save(state, path)
@@ -85,14 +86,14 @@ def atomic_save(state: dict[str, Any], path: str) -> None:
 
 
 def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, sampler: Any = None,
-         scheduler: Any = None) -> Checkpoint:
+         scheduler: Any = None, scaler: Any = None) -> Checkpoint:
     """Collective: restore what ``save`` wrote; raise ``ConfigError`` (one line) if it does not fit.
 
     A checkpoint of a job with another number of ranks (a Mac gone, or one added) loads too:
     model, optimizer, step, epoch and the sampler's place in the epoch resume, but each rank's
     random generators keep this job's seeds, so the run is no longer bit-identical to one that
     was never interrupted (rank 0 says so)."""
-    _stateful("scheduler", scheduler)
+    stateful = _stateful(scheduler=scheduler, scaler=scaler)
     with rt.on_behalf_of("checkpoint.load"):
         state = _read_on_rank0_and_broadcast(path)
     saved_world = state.get("world_size")
@@ -106,13 +107,13 @@ def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
             raise ConfigError(f"{path}: optimizer state does not fit this optimizer ({exc})") from None
     if sampler is not None and state.get("sampler") is not None:
         sampler.load_state_dict(state["sampler"])
-    if scheduler is not None:
-        if state.get("scheduler") is None:  # the schedule would start over: say so, as for the optimizer
-            raise ConfigError(f"{path} holds no scheduler state (save it with checkpoint.save(..., scheduler=...))")
+    for name, value in stateful.items():
+        if state.get(name) is None:  # it would start over: say so, as for the optimizer
+            raise ConfigError(f"{path} holds no {name} state (save it with checkpoint.save(..., {name}=...))")
         try:
-            scheduler.load_state_dict(state["scheduler"])
+            value.load_state_dict(state[name])
         except (ValueError, KeyError, RuntimeError, TypeError) as exc:
-            raise ConfigError(f"{path}: scheduler state does not fit this scheduler ({exc})") from None
+            raise ConfigError(f"{path}: its {name} state does not fit this {name} ({exc})") from None
     if saved_world == rt.world_size():
         _restore_rng(state["rng"][rt.rank()])
     elif rt.rank() == 0:
@@ -123,13 +124,16 @@ def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
     return Checkpoint(step=int(state["step"]), epoch=int(state["epoch"]), extra=dict(state.get("extra") or {}))
 
 
-def _stateful(name: str, value: Any) -> None:
-    """``value`` is None or has a state to save and load: a scheduler's ``state_dict()`` passed
-    for the scheduler would otherwise fail only at the load, after the run it was to resume."""
-    if value is not None and not (callable(getattr(value, "state_dict", None))
-                                  and callable(getattr(value, "load_state_dict", None))):
-        raise ConfigError(f"{name}= takes the {name} itself (an object with state_dict and load_state_dict), "
-                          f"not a {type(value).__name__}")
+def _stateful(**given: Any) -> dict[str, Any]:
+    """Those of ``given`` that are not None, each checked to have a state to save and load: a
+    scheduler's ``state_dict()`` passed for the scheduler would otherwise fail only at the load,
+    after the run it was to resume."""
+    for name, value in given.items():
+        if value is not None and not (callable(getattr(value, "state_dict", None))
+                                      and callable(getattr(value, "load_state_dict", None))):
+            raise ConfigError(f"{name}= takes the {name} itself (an object with state_dict and load_state_dict), "
+                              f"not a {type(value).__name__}")
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _read_on_rank0_and_broadcast(path: str) -> dict[str, Any]:

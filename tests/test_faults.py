@@ -633,10 +633,11 @@ def test_a_checkpoint_loads_however_the_model_is_wrapped(tmp_path) -> None:
     assert all(torch.equal(p.detach(), w) for p, w in zip(fresh.parameters(), want, strict=True))
 
 
-def test_a_run_resumed_with_its_scheduler_ends_like_an_uninterrupted_one(tmp_path) -> None:
+def test_a_run_resumed_with_its_scheduler_and_scaler_ends_like_an_uninterrupted_one(tmp_path) -> None:
     """A learning-rate schedule is part of where a run is: a checkpoint without it resumed a
     cosine schedule from its start, at its largest rate, and the run ended elsewhere than an
-    uninterrupted one (the README said it would end the same)."""
+    uninterrupted one (the README said it would end the same). So is a float16 run's loss
+    scale."""
     import macfleet
 
     def run(steps: range, path: str | None = None, load: bool = False) -> tuple[nn.Module, float]:
@@ -670,6 +671,14 @@ def test_a_run_resumed_with_its_scheduler_ends_like_an_uninterrupted_one(tmp_pat
         macfleet.checkpoint.load(bare, model, scheduler=scheduler)
     with pytest.raises(macfleet.ConfigError, match=r"scheduler= takes the scheduler itself .* not a dict"):
         macfleet.checkpoint.save(bare, model, scheduler=scheduler.state_dict())
+    if hasattr(torch.amp, "GradScaler"):  # torch 2.3 on; before, only torch.cuda.amp's
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        scaler.scale(torch.ones(()))  # its scale is made at the first use
+        scaler.update(256.0)  # as after overflows had halved it twice
+        macfleet.checkpoint.save(path, model, scaler=scaler)
+        fresh = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        macfleet.checkpoint.load(path, model, scaler=fresh)
+        assert fresh.get_scale() == 256.0
 
 
 def test_a_checkpoint_resumes_in_a_job_of_another_size(tmp_path) -> None:
