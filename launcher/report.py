@@ -46,6 +46,7 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
     if _about_collectives(root):
         lines += collectives_report(exits)
         lines += _join_hint(exits)
+    lines += _checkpoint_hint(exits)
     lines.append("=" * 72)
     return "\n".join(lines)
 
@@ -112,6 +113,25 @@ def _join_hint(exits: dict[int, WorkerExit]) -> list[str]:
     return ["a rank that has run out of batches inside model.join() takes part only in DataParallel's own collectives "
             "(its round, the buffers, the gradients): make the script's other collectives (a metric, a checkpoint) "
             "after the join() block, or give every rank the same number of batches"]
+
+
+def _checkpoint_hint(exits: dict[int, WorkerExit]) -> list[str]:
+    """Ranks that parted at a checkpoint some of them made and the others did not (they were
+    in another collective, or had finished): a DDP script guards its ``torch.save`` with ``if
+    rank == 0``, and kept in front of macfleet's ``checkpoint.save``, a collective, that guard
+    leaves the other ranks out of it."""
+    failed_in = {rank: line.split(" [failed here]")[0] for rank, e in exits.items()
+                 for line in _collectives_of(e).splitlines() if "[failed here]" in line}
+    at_checkpoint = {rank for rank, line in failed_in.items() if line.endswith(CHECKPOINT_CALLERS)}
+    elsewhere = {rank for rank, e in exits.items() if rank not in at_checkpoint and (rank in failed_in or e.code == 0)}
+    if not (at_checkpoint and elsewhere):
+        return []
+    return ["checkpoint.save and checkpoint.load are collectives: every rank calls them, and rank 0 alone writes "
+            "or reads the file (where a DDP script saves under `if rank == 0:`, call macfleet.checkpoint.save on "
+            "every rank)"]
+
+
+CHECKPOINT_CALLERS = ("from checkpoint.save", "from checkpoint.load")
 
 
 def _collectives_of(e: WorkerExit) -> str:

@@ -456,7 +456,20 @@ def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, misma
     agreed = "ranks 0-1" if last == 2 else "rank 0"
     assert re.search(rf"{agreed}:\n(    .*\n)*    #\d+ .*\[failed here\] at .*behave.py:{ours}: ", made), made
     assert re.search(rf"rank {last}:\n(    .*\n)*    #\d+ .*\[failed here\] at .*behave.py:{theirs}: ", made), made
+    assert (CHECKPOINT_HINT in made) == (mismatch == "save"), made
     assert job.seconds < 20
+
+
+CHECKPOINT_HINT = "checkpoint.save and checkpoint.load are collectives: every rank calls them, and rank 0 alone writes"
+
+
+def test_a_checkpoint_saved_by_one_rank_alone_is_pointed_out() -> None:
+    """A DDP script saves under ``if rank == 0:``, and kept in front of macfleet's
+    checkpoint.save, a collective, that rank waits for the others, which finished. The report
+    says it waits for a rank that called fewer collectives; it now says what to do too."""
+    job = run_launch("--nproc", "2", BEHAVE, "0", "save-alone", timeout=60)
+    assert job.code != 0 and job.stdout.count("finished") == 1, job.output
+    assert "from checkpoint.save" in job.stderr and CHECKPOINT_HINT in job.stderr, job.stderr
 
 
 @pytest.mark.parametrize("mode", ["root", "root-last"])

@@ -175,4 +175,6 @@ if mode == "hang":
         macfleet.all_reduce(torch.ones(8))  # where the others wait in mode hang
 for _ in range(3):
     macfleet.all_reduce(torch.ones(8))
+if mode == "save-alone" and rank == fail_rank:  # a DDP script's habit: one rank saves, as the script ends
+    macfleet.checkpoint.save("/nonexistent/never-written.pt", torch.nn.Linear(2, 2))
 print("finished", flush=True)
