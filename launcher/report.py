@@ -25,6 +25,7 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
             lines += ["  " + line for line in str(error["traceback"]).rstrip().splitlines()]
             lines += _missing_module_hint(error, root.exit.host)
             lines += _device_memory_hint(error, root.exit.host)
+            lines += _process_group_hint(error)
         elif any(line.strip() for line in root.exit.tail):
             lines.append("  no error file; last lines of its stderr:")
             lines += ["  " + line for entry in root.exit.tail for line in entry.splitlines()]
@@ -96,6 +97,22 @@ def _device_memory_hint(error: dict, host: str) -> list[str]:
             f"unless --memory-fraction gives each its share (which torch's PYTORCH_MPS_HIGH_WATERMARK_RATIO does "
             f"not change). A smaller batch or model, fewer ranks on {host}, or a larger --memory-fraction gives it "
             f"room (the shares of one GPU's ranks should add up to 1 at most: on a Mac its memory is the machine's)"]
+
+
+def _process_group_hint(error: dict) -> list[str]:
+    """A script half moved from torch DDP: ``macfleet.init()`` in place of
+    ``init_process_group``, and a torch.distributed call left (torch's DistributedSampler, most
+    often), which finds no process group. torch's message says to call init_process_group."""
+    if "Default process group has not been initialized" not in str(error.get("message")):
+        return []
+    if "data/distributed.py" in str(error.get("traceback")).replace("\\", "/"):
+        return ["  torch's DistributedSampler asks torch.distributed for the ranks, which macfleet.init() does not set "
+                "up: use macfleet.DistributedSampler, which takes the same options and gives each rank the same "
+                "samples as torch's"]
+    return ["  macfleet.init() does not set up torch.distributed: use macfleet's calls in its place (macfleet.rank(), "
+            "macfleet.world_size(), macfleet.all_reduce(t), macfleet.barrier(): the README's table has each), or "
+            "keep the script's own dist.init_process_group(\"gloo\"), which works under macfleet launch as under "
+            "torchrun"]
 
 
 def _about_collectives(root: Failure) -> bool:

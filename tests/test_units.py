@@ -1413,6 +1413,37 @@ def test_a_rank_out_of_the_memory_of_a_gpu_it_shares_is_told_its_share(tmp_path,
     assert "of its GPU's memory" not in report(ValueError("out of range"), "0.45")
 
 
+def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfleet_s(tmp_path) -> None:
+    """A DDP script half moved to macfleet: macfleet.init() in place of init_process_group, and
+    torch's DistributedSampler (or a dist call) kept. torch's error says to call
+    init_process_group; the report says what macfleet has in its place. The errors are torch's
+    own, raised here without a process group, and written as a rank's bootstrap writes them."""
+    import torch.distributed as dist
+    from torch.utils.data.distributed import DistributedSampler as TorchSampler
+
+    from macfleet import errorfile
+    from macfleet.launcher.coordinator import Failure
+    from macfleet.launcher.report import failure_report
+    from macfleet.protocol import WorkerExit
+
+    def report(call: Any) -> str:
+        path = tmp_path / "error.json"
+        try:
+            call()
+        except Exception as raised:
+            errorfile.write(str(path), raised)
+        exit_ = WorkerExit(0, "mini", 7, 1, None, 0.0, error=json.loads(path.read_text()))
+        return failure_report(Failure(0.0, "exit", 0, exit_), {0: exit_}, 1)
+
+    assert not dist.is_initialized()
+    sampler = report(lambda: TorchSampler(range(10)))
+    assert "use macfleet.DistributedSampler, which takes the same options" in sampler, sampler
+    rank = report(dist.get_world_size)
+    assert "macfleet.init() does not set up torch.distributed: use macfleet's calls" in rank, rank
+    other = report(lambda: TorchSampler(range(10), num_replicas=2, rank=5))  # another of its errors: no hint
+    assert not any(hint in other for hint in ("use macfleet.DistributedSampler", "init() does not set up")), other
+
+
 def test_memory_fractions_that_add_up_past_one_gpu_are_warned_of_with_one_that_fits() -> None:
     """mps-facts.md rule 4: the shares of the ranks on one GPU add up to 1 at most (on a Mac
     that GPU's memory is the machine's, and past it the machine pages). ``--memory-fraction`` is
