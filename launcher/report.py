@@ -105,10 +105,14 @@ def _process_group_hint(error: dict) -> list[str]:
     often), which finds no process group. torch's message says to call init_process_group."""
     if "Default process group has not been initialized" not in str(error.get("message")):
         return []
-    if "data/distributed.py" in str(error.get("traceback")).replace("\\", "/"):
+    where = str(error.get("traceback")).replace("\\", "/")
+    if "data/distributed.py" in where:
         return ["  torch's DistributedSampler asks torch.distributed for the ranks, which macfleet.init() does not set "
                 "up: use macfleet.DistributedSampler, which takes the same options and gives each rank the same "
                 "samples as torch's"]
+    if "nn/parallel/distributed.py" in where:
+        return ["  torch's DistributedDataParallel needs torch.distributed, which macfleet.init() does not set up: "
+                "use macfleet.DataParallel(model), which takes DDP's options"]
     return ["  macfleet.init() does not set up torch.distributed: use macfleet's calls in its place (macfleet.rank(), "
             "macfleet.world_size(), macfleet.all_reduce(t), macfleet.barrier(): the README's table has each), or "
             "keep the script's own dist.init_process_group(\"gloo\"), which works under macfleet launch as under "

@@ -1417,7 +1417,8 @@ def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfl
     """A DDP script half moved to macfleet: macfleet.init() in place of init_process_group, and
     torch's DistributedSampler (or a dist call) kept. torch's error says to call
     init_process_group; the report says what macfleet has in its place. The errors are torch's
-    own, raised here without a process group, and written as a rank's bootstrap writes them."""
+    own, raised here without a process group, and written as a rank's bootstrap writes them.
+    (DDP itself kept, and the script's own init_process_group, runs as under torchrun.)"""
     import torch.distributed as dist
     from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
@@ -1438,6 +1439,8 @@ def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfl
     assert not dist.is_initialized()
     sampler = report(lambda: TorchSampler(range(10)))
     assert "use macfleet.DistributedSampler, which takes the same options" in sampler, sampler
+    ddp = report(lambda: torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2)))
+    assert "use macfleet.DataParallel(model), which takes DDP's options" in ddp, ddp
     rank = report(dist.get_world_size)
     assert "macfleet.init() does not set up torch.distributed: use macfleet's calls" in rank, rank
     other = report(lambda: TorchSampler(range(10), num_replicas=2, rank=5))  # another of its errors: no hint
