@@ -26,6 +26,7 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
             lines += _missing_module_hint(error, root.exit.host)
             lines += _device_memory_hint(error, root.exit.host)
             lines += _process_group_hint(error)
+            lines += _no_cuda_hint(error, root.exit.host)
         elif any(line.strip() for line in root.exit.tail):
             lines.append("  no error file; last lines of its stderr:")
             lines += ["  " + line for entry in root.exit.tail for line in entry.splitlines()]
@@ -117,6 +118,22 @@ def _process_group_hint(error: dict) -> list[str]:
             "macfleet.world_size(), macfleet.all_reduce(t), macfleet.barrier(): the README's table has each), or "
             "keep the script's own dist.init_process_group(\"gloo\"), which works under macfleet launch as under "
             "torchrun"]
+
+
+# What torch raises for a CUDA call where there is no CUDA: a Mac's torch (or a CPU build), and
+# a CUDA build on a machine without NVIDIA's driver.
+NO_CUDA = ("Torch not compiled with CUDA enabled", "has no attribute '_cuda_", "Found no NVIDIA driver")
+
+
+def _no_cuda_hint(error: dict, host: str) -> list[str]:
+    """A CUDA script moved to Macs that kept its ``.cuda()``, ``device="cuda"`` or
+    ``torch.cuda.set_device(local_rank)``: a Mac has no CUDA, and torch's message does not say
+    what to write instead."""
+    if not any(said in str(error.get("message")) for said in NO_CUDA):
+        return []
+    return [f"  {host} has no CUDA (a Mac's GPU is mps): put the model and tensors on macfleet.device(), the GPU this "
+            f"rank drives (mps, cuda or cpu, whichever its host has), in place of .cuda(), device=\"cuda\" and "
+            f"torch.cuda.set_device(local_rank)"]
 
 
 def _about_collectives(root: Failure) -> bool:

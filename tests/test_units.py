@@ -1413,6 +1413,24 @@ def test_a_rank_out_of_the_memory_of_a_gpu_it_shares_is_told_its_share(tmp_path,
     assert "of its GPU's memory" not in report(ValueError("out of range"), "0.45")
 
 
+def report_of_raised(call: Any, path: Any) -> str:
+    """The launcher's report of a job of one whose rank raised what ``call`` raises, its error
+    file written (at ``path``) as a rank's bootstrap writes it."""
+    from macfleet import errorfile
+    from macfleet.launcher.coordinator import Failure
+    from macfleet.launcher.report import failure_report
+    from macfleet.protocol import WorkerExit
+
+    try:
+        call()
+    except Exception as raised:
+        errorfile.write(str(path), raised)
+    else:
+        raise AssertionError(f"{call} raised nothing")
+    exit_ = WorkerExit(0, "mini", 7, 1, None, 0.0, error=json.loads(path.read_text()))
+    return failure_report(Failure(0.0, "exit", 0, exit_), {0: exit_}, 1)
+
+
 def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfleet_s(tmp_path) -> None:
     """A DDP script half moved to macfleet: macfleet.init() in place of init_process_group, and
     torch's DistributedSampler (or a dist call) kept. torch's error says to call
@@ -1422,19 +1440,8 @@ def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfl
     import torch.distributed as dist
     from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
-    from macfleet import errorfile
-    from macfleet.launcher.coordinator import Failure
-    from macfleet.launcher.report import failure_report
-    from macfleet.protocol import WorkerExit
-
     def report(call: Any) -> str:
-        path = tmp_path / "error.json"
-        try:
-            call()
-        except Exception as raised:
-            errorfile.write(str(path), raised)
-        exit_ = WorkerExit(0, "mini", 7, 1, None, 0.0, error=json.loads(path.read_text()))
-        return failure_report(Failure(0.0, "exit", 0, exit_), {0: exit_}, 1)
+        return report_of_raised(call, tmp_path / "error.json")
 
     assert not dist.is_initialized()
     sampler = report(lambda: TorchSampler(range(10)))
@@ -1445,6 +1452,22 @@ def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfl
     assert "macfleet.init() does not set up torch.distributed: use macfleet's calls" in rank, rank
     other = report(lambda: TorchSampler(range(10), num_replicas=2, rank=5))  # another of its errors: no hint
     assert not any(hint in other for hint in ("use macfleet.DistributedSampler", "init() does not set up")), other
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA (a Mac's, or a CPU build)")
+def test_a_cuda_call_left_in_a_script_moved_to_macs_is_answered_with_macfleet_device(tmp_path) -> None:
+    """A CUDA script moved to Macs that kept .cuda() or torch.cuda.set_device(local_rank) fails
+    with torch's "Torch not compiled with CUDA enabled" (or, for set_device, a missing
+    attribute of torch._C), which does not say what to write. Torch's own errors, raised here."""
+    def report(call: Any) -> str:
+        return report_of_raised(call, tmp_path / "error.json")
+
+    hint = "mini has no CUDA (a Mac's GPU is mps): put the model and tensors on macfleet.device()"
+    for call in (lambda: torch.zeros(1).cuda(), lambda: torch.cuda.set_device(0), lambda: torch.ones(1, device="cuda")):
+        said = report(call)
+        assert hint in said, said
+    other = report(lambda: torch.ones(1, device="nowhere"))
+    assert "has no CUDA" not in other, other
 
 
 def test_memory_fractions_that_add_up_past_one_gpu_are_warned_of_with_one_that_fits() -> None:
