@@ -80,6 +80,10 @@ def _missing_module_hint(error: dict, host: str) -> list[str]:
     if error.get("type") != "ModuleNotFoundError" or not module or "." in module:
         return []  # a missing submodule of a package that is there is another story
     python = error.get("executable") or "the ranks' Python"
+    if module == "horovod":  # a Horovod script run as it is: macfleet has each of its calls
+        return [f"  horovod is not installed for {python} on {host}, and a Horovod script needs it only for its hvd "
+                f"calls: macfleet has one for each (hvd.init() is macfleet.init(), hvd.DistributedOptimizer is "
+                f"macfleet.DataParallel around the model...: the README's Horovod table)"]
     return [f"  {module} is not installed for {python} on {host}: install it there (every host needs the script's "
             f"packages; a module of the script's own must be in its folder there too), or give --python the Python "
             f"that has it (macfleet doctor checks torch and macfleet on every host)"]

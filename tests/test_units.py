@@ -8,6 +8,7 @@ import ctypes
 import dataclasses
 import gc
 import gzip
+import importlib.util
 import json
 import os
 import pty
@@ -1436,7 +1437,8 @@ def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfl
     torch's DistributedSampler (or a dist call) kept. torch's error says to call
     init_process_group; the report says what macfleet has in its place. The errors are torch's
     own, raised here without a process group, and written as a rank's bootstrap writes them.
-    (DDP itself kept, and the script's own init_process_group, runs as under torchrun.)"""
+    (DDP itself kept, and the script's own init_process_group, runs as under torchrun.) A
+    Horovod script run as it is, without Horovod, is pointed to macfleet's calls too."""
     import torch.distributed as dist
     from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
@@ -1450,6 +1452,9 @@ def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfl
     assert "use macfleet.DataParallel(model), which takes DDP's options" in ddp, ddp
     rank = report(dist.get_world_size)
     assert "macfleet.init() does not set up torch.distributed: use macfleet's calls" in rank, rank
+    if importlib.util.find_spec("horovod") is None:  # a Horovod script run as it is, where Horovod is not
+        horovod = report(lambda: __import__("horovod"))
+        assert "macfleet has one for each (hvd.init() is macfleet.init()" in horovod, horovod
     other = report(lambda: TorchSampler(range(10), num_replicas=2, rank=5))  # another of its errors: no hint
     assert not any(hint in other for hint in ("use macfleet.DistributedSampler", "init() does not set up")), other
 
