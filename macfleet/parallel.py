@@ -53,6 +53,7 @@ from macfleet.buckets import Bucket, BucketThread, average, bucket_layout, excha
 from macfleet.collectives import WORK_DTYPE, Collectives
 from macfleet.ddp_options import DeviceId, bucket_bytes, input_device, refuse_ddp_only, to_device
 from macfleet.errors import ConfigError, ProtocolError
+from macfleet.history import warn_at_script
 from macfleet.join import Join
 from macfleet.same_model import check_same_model
 
@@ -113,6 +114,7 @@ class DataParallel(nn.Module):
         self._caps = bucket_bytes("first_bucket_mb", first_bucket_mb), bucket_bytes("bucket_cap_mb", bucket_cap_mb)
         self._forget_place()
         self._attach(rt.runtime())
+        _left_on_the_cpu(module, self.runtime)
         if self.runtime.world_size == 1:
             # refused in a job of one too, so a script does not work on one Mac and fail on two
             _check_trainable([(n, p) for n, p in module.named_parameters() if p.requires_grad], self.runtime.device)
@@ -767,6 +769,19 @@ def _agree_on_options(shares: Sequence[float] | None, world: int, options: dict[
             theirs_as = list(WIRE_DTYPES)[int(theirs)] if isinstance(value, str) else type(value)(theirs)
             raise ConfigError(f"this rank's DataParallel {name}={value!r} differs from rank 0's {name}={theirs_as!r}: "
                               f"every rank must pass the same options")
+
+
+def _left_on_the_cpu(module: nn.Module, runtime: rt.Runtime) -> None:
+    """A model wrapped where it was built, on the CPU, by a rank that drives a GPU: it trains,
+    on the CPU, several times slower than on the Mac's GPU, and nothing else would say so.
+    Said by rank 0, at the script's line; ``--device cpu`` trains on the CPU on purpose."""
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    if runtime.device.kind == "cpu" or runtime.rank != 0 or not trainable:
+        return
+    if all(p.device.type == "cpu" for p in trainable):
+        warn_at_script(f"DataParallel wraps a model whose parameters are on the CPU, while this rank drives "
+                       f"{runtime.device.torch_device}: it would train on the CPU. Move it first, "
+                       f"DataParallel(model.to(macfleet.device())), or launch with --device cpu to train on the CPU")
 
 
 def _check_trainable(named: list[tuple[str, nn.Parameter]], device: Device) -> None:

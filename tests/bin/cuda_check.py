@@ -7,7 +7,7 @@ checkpoints, two forwards before one backward, a gradient penalty, a custom auto
 all-reduce inside backward, a bucket over 1 MiB lent for the size of its gradients, a model
 fine-tuned with layers unfrozen and a new head after wrapping, a deep copy of a wrapper trained on
 its own, DDP's ``device_ids`` moving the inputs, and ``torch.compile`` of the wrapper with
-inductor), memory reports and the cache given back, the memory fraction, and ``PolledEvent`` (how
+inductor), a model left on the CPU warned of, memory reports and the cache given back, the memory fraction, and ``PolledEvent`` (how
 MPS events are waited for) on a real device event.
 The oracle also runs with every device copy issued from the thread that runs backward, as on
 MPS (``Device.copies_from_training_thread``).
@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 import torch
 from torch import nn
@@ -235,6 +236,17 @@ try:
     out["oracle_max_diff_compiled"] = max_diff(compiled_module, ref)
 except Exception as exc:  # a check script: say what failed, and go on with the other checks
     out["oracle_max_diff_compiled"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+# a model wrapped where it was built, on the CPU, by a rank that drives the GPU: rank 0 warns,
+# at this script's line, and not for the model moved to the GPU first
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    left = macfleet.DataParallel(oracle.make_model(), **tiny)
+    moved = macfleet.DataParallel(oracle.make_model().to(dev), **tiny)
+cpu_warnings = [w for w in said if "parameters are on the CPU" in str(w.message)]
+out["cpu_model_warned"] = (len(cpu_warnings) == (1 if rank == 0 else 0)
+                           and all(w.filename == __file__ for w in cpu_warnings))
+del left, moved
+gc.collect()
 # memory as macfleet reports it, and the cache given back (what the example does once an epoch)
 before = macfleet.memory()
 block = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
