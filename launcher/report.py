@@ -131,9 +131,14 @@ NO_CUDA = ("Torch not compiled with CUDA enabled", "has no attribute '_cuda_", "
 
 def _no_cuda_hint(error: dict, host: str) -> list[str]:
     """A CUDA script moved to Macs that kept its ``.cuda()``, ``device="cuda"`` or
-    ``torch.cuda.set_device(local_rank)``: a Mac has no CUDA, and torch's message does not say
-    what to write instead."""
-    if not any(said in str(error.get("message")) for said in NO_CUDA):
+    ``torch.cuda.set_device(local_rank)``, or its DDP on NCCL: a Mac has no CUDA, and torch's
+    message does not say what to write instead."""
+    message = str(error.get("message"))
+    if "doesn't have NCCL built in" in message:
+        return [f"  NCCL is for NVIDIA GPUs, and the torch on {host} has none: a DDP script runs under macfleet "
+                f"launch with init_process_group(\"gloo\"), its tensors on the CPU, or trains on the Mac's GPU "
+                f"with macfleet.init() and macfleet.DataParallel (the README's table)"]
+    if not any(said in message for said in NO_CUDA):
         return []
     return [f"  {host} has no CUDA (a Mac's GPU is mps): put the model and tensors on macfleet.device(), the GPU this "
             f"rank drives (mps, cuda or cpu, whichever its host has), in place of .cuda(), device=\"cuda\" and "

@@ -1463,7 +1463,8 @@ def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfl
 def test_a_cuda_call_left_in_a_script_moved_to_macs_is_answered_with_macfleet_device(tmp_path) -> None:
     """A CUDA script moved to Macs that kept .cuda() or torch.cuda.set_device(local_rank) fails
     with torch's "Torch not compiled with CUDA enabled" (or, for set_device, a missing
-    attribute of torch._C), which does not say what to write. Torch's own errors, raised here."""
+    attribute of torch._C), which does not say what to write; so does a DDP script that kept
+    NCCL. Torch's own errors, raised here."""
     def report(call: Any) -> str:
         return report_of_raised(call, tmp_path / "error.json")
 
@@ -1473,6 +1474,10 @@ def test_a_cuda_call_left_in_a_script_moved_to_macs_is_answered_with_macfleet_de
         assert hint in said, said
     other = report(lambda: torch.ones(1, device="nowhere"))
     assert "has no CUDA" not in other, other
+    import torch.distributed as dist
+
+    nccl = report(lambda: dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1))
+    assert "NCCL is for NVIDIA GPUs, and the torch on mini has none" in nccl and not dist.is_initialized(), nccl
 
 
 def test_memory_fractions_that_add_up_past_one_gpu_are_warned_of_with_one_that_fits() -> None:
