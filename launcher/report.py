@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
+from macfleet.launcher import hints
 from macfleet.launcher.coordinator import Failure, odd_ones, spans
-from macfleet.protocol import STOOD_BY, WorkerExit
+from macfleet.protocol import WorkerExit
 
 
 def describe(exit_: WorkerExit) -> str:
@@ -19,14 +20,11 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
         lines.append("  " + describe(root.exit))
         if root.exit.stopped:  # not the script's doing: say whose, before its (SIGTERM) traceback
             lines.append(f"  {root.exit.stopped}")
-        lines += _killed_from_outside(root.exit)
+        lines += hints.after_exit(root.exit)
         error = root.exit.error
         if error and error.get("traceback"):
             lines += ["  " + line for line in str(error["traceback"]).rstrip().splitlines()]
-            lines += _missing_module_hint(error, root.exit.host)
-            lines += _device_memory_hint(error, root.exit.host)
-            lines += _process_group_hint(error)
-            lines += _no_cuda_hint(error, root.exit.host)
+            lines += hints.after_error(error, root.exit.host)
         elif any(line.strip() for line in root.exit.tail):
             lines.append("  no error file; last lines of its stderr:")
             lines += ["  " + line for entry in root.exit.tail for line in entry.splitlines()]
@@ -47,102 +45,9 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
         lines += ["other ranks:", *others]
     if _about_collectives(root):
         lines += collectives_report(exits)
-        lines += _join_hint(exits)
-    lines += _checkpoint_hint(exits)
+    lines += hints.after_parting(exits, _about_collectives(root))
     lines.append("=" * 72)
     return "\n".join(lines)
-
-
-def _killed_from_outside(exit_: WorkerExit) -> list[str]:
-    """A SIGKILL that macfleet did not send. Nothing in the rank can say why it came (no
-    traceback, no error file), and the most common sender is the system, out of memory: Linux's
-    OOM killer, or macOS under memory pressure. Say so, with how much memory the rank held."""
-    if exit_.signal != "SIGKILL" or exit_.stopped:
-        return []
-    held = ""
-    if exit_.peak_rss:
-        held = f" At its peak this rank held {_gib(exit_.peak_rss)} of memory"
-        held += f", of the {_gib(exit_.host_memory)} that {exit_.host} has." if exit_.host_memory else "."
-    return [f"  Nothing in macfleet sent that SIGKILL: most often the system sends it when memory runs out (Linux's "
-            f"OOM killer, which dmesg names; macOS under memory pressure).{held} A smaller batch or model, or "
-            f"fewer ranks on {exit_.host}, needs less."]
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.1f} GiB"
-
-
-def _missing_module_hint(error: dict, host: str) -> list[str]:
-    """A package the script imports that is missing where the rank ran: on a fleet of Macs, most
-    often one Mac that lacks what the others have (torch itself, where --python names another
-    Python), or a module of the script's own that is not in that Mac's copy of its folder."""
-    module = str(error.get("module") or "")
-    if error.get("type") != "ModuleNotFoundError" or not module or "." in module:
-        return []  # a missing submodule of a package that is there is another story
-    python = error.get("executable") or "the ranks' Python"
-    if module == "horovod":  # a Horovod script run as it is: macfleet has each of its calls
-        return [f"  horovod is not installed for {python} on {host}, and a Horovod script needs it only for its hvd "
-                f"calls: macfleet has one for each (hvd.init() is macfleet.init(), hvd.DistributedOptimizer is "
-                f"macfleet.DataParallel around the model...: the README's Horovod table)"]
-    return [f"  {module} is not installed for {python} on {host}: install it there (every host needs the script's "
-            f"packages; a module of the script's own must be in its folder there too), or give --python the Python "
-            f"that has it (macfleet doctor checks torch and macfleet on every host)"]
-
-
-def _device_memory_hint(error: dict, host: str) -> list[str]:
-    """A rank out of GPU memory whose GPU other ranks share: macfleet capped it at its share
-    (``MACFLEET_MEMORY_FRACTION``), which torch's message does not say, and on a Mac torch's
-    advice (``PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0``) cannot lift that cap, which the rank sets
-    again at init."""
-    fraction = error.get("memory_fraction")
-    out_of_memory = error.get("type") == "OutOfMemoryError" or "MPS backend out of memory" in str(error.get("message"))
-    if not out_of_memory or not fraction:
-        return []  # a GPU of its own: torch's message says all there is
-    return [f"  this rank may use {fraction} of its GPU's memory: the ranks that share a GPU split 0.9 of it evenly, "
-            f"unless --memory-fraction gives each its share (which torch's PYTORCH_MPS_HIGH_WATERMARK_RATIO does "
-            f"not change). A smaller batch or model, fewer ranks on {host}, or a larger --memory-fraction gives it "
-            f"room (the shares of one GPU's ranks should add up to 1 at most: on a Mac its memory is the machine's)"]
-
-
-def _process_group_hint(error: dict) -> list[str]:
-    """A script half moved from torch DDP: ``macfleet.init()`` in place of
-    ``init_process_group``, and a torch.distributed call left (torch's DistributedSampler, most
-    often), which finds no process group. torch's message says to call init_process_group."""
-    if "Default process group has not been initialized" not in str(error.get("message")):
-        return []
-    where = str(error.get("traceback")).replace("\\", "/")
-    if "data/distributed.py" in where:
-        return ["  torch's DistributedSampler asks torch.distributed for the ranks, which macfleet.init() does not set "
-                "up: use macfleet.DistributedSampler, which takes the same options and gives each rank the same "
-                "samples as torch's"]
-    if "nn/parallel/distributed.py" in where:
-        return ["  torch's DistributedDataParallel needs torch.distributed, which macfleet.init() does not set up: "
-                "use macfleet.DataParallel(model), which takes DDP's options"]
-    return ["  macfleet.init() does not set up torch.distributed: use macfleet's calls in its place (macfleet.rank(), "
-            "macfleet.world_size(), macfleet.all_reduce(t), macfleet.barrier(): the README's table has each), or "
-            "keep the script's own dist.init_process_group(\"gloo\"), which works under macfleet launch as under "
-            "torchrun"]
-
-
-# What torch raises for a CUDA call where there is no CUDA: a Mac's torch (or a CPU build), and
-# a CUDA build on a machine without NVIDIA's driver.
-NO_CUDA = ("Torch not compiled with CUDA enabled", "has no attribute '_cuda_", "Found no NVIDIA driver")
-
-
-def _no_cuda_hint(error: dict, host: str) -> list[str]:
-    """A CUDA script moved to Macs that kept its ``.cuda()``, ``device="cuda"`` or
-    ``torch.cuda.set_device(local_rank)``, or its DDP on NCCL: a Mac has no CUDA, and torch's
-    message does not say what to write instead."""
-    message = str(error.get("message"))
-    if "doesn't have NCCL built in" in message:
-        return [f"  NCCL is for NVIDIA GPUs, and the torch on {host} has none: a DDP script runs under macfleet "
-                f"launch with init_process_group(\"gloo\"), its tensors on the CPU, or trains on the Mac's GPU "
-                f"with macfleet.init() and macfleet.DataParallel (the README's table)"]
-    if not any(said in message for said in NO_CUDA):
-        return []
-    return [f"  {host} has no CUDA (a Mac's GPU is mps): put the model and tensors on macfleet.device(), the GPU this "
-            f"rank drives (mps, cuda or cpu, whichever its host has), in place of .cuda(), device=\"cuda\" and "
-            f"torch.cuda.set_device(local_rank)"]
 
 
 def _about_collectives(root: Failure) -> bool:
@@ -152,46 +57,12 @@ def _about_collectives(root: Failure) -> bool:
     return "different collectives" in root.reason
 
 
-def _join_hint(exits: dict[int, WorkerExit]) -> list[str]:
-    """What it means when a rank failed while it stood by inside ``join()``: it had run out of
-    batches and shadows only DataParallel's collectives, and the others made one of their own."""
-    if not any(STOOD_BY in _collectives_of(e) for e in exits.values()):
-        return []
-    return ["a rank that has run out of batches inside model.join() takes part only in DataParallel's own collectives "
-            "(its round, the buffers, the gradients): make the script's other collectives (a metric, a checkpoint) "
-            "after the join() block, or give every rank the same number of batches"]
-
-
-def _checkpoint_hint(exits: dict[int, WorkerExit]) -> list[str]:
-    """Ranks that parted at a checkpoint some of them made and the others did not (they were
-    in another collective, or had finished): a DDP script guards its ``torch.save`` with ``if
-    rank == 0``, and kept in front of macfleet's ``checkpoint.save``, a collective, that guard
-    leaves the other ranks out of it."""
-    failed_in = {rank: line.split(" [failed here]")[0] for rank, e in exits.items()
-                 for line in _collectives_of(e).splitlines() if "[failed here]" in line}
-    at_checkpoint = {rank for rank, line in failed_in.items() if line.endswith(CHECKPOINT_CALLERS)}
-    elsewhere = {rank for rank, e in exits.items() if rank not in at_checkpoint and (rank in failed_in or e.code == 0)}
-    if not (at_checkpoint and elsewhere):
-        return []
-    return ["checkpoint.save and checkpoint.load are collectives: every rank calls them, and rank 0 alone writes "
-            "or reads the file (where a DDP script saves under `if rank == 0:`, call macfleet.checkpoint.save on "
-            "every rank)"]
-
-
-CHECKPOINT_CALLERS = ("from checkpoint.save", "from checkpoint.load")
-
-
-def _collectives_of(e: WorkerExit) -> str:
-    """The rank's last collectives, as its error report gave them ("" if it gave none)."""
-    return str((e.error or {}).get("collectives") or "")
-
-
 def collectives_report(exits: dict[int, WorkerExit]) -> list[str]:
     """Each rank's last collectives, ranks whose lists agree together: where the lists part is
     where the script's ranks went different ways (a metric only rank 0 reduces, say)."""
     groups: dict[str, list[int]] = {}
     for rank, e in sorted(exits.items()):
-        made = _collectives_of(e)
+        made = hints.collectives_of(e)
         if made:
             groups.setdefault(made, []).append(rank)
     if not groups:
