@@ -98,7 +98,8 @@ def _process_group_hint(error: dict) -> list[str]:
 
 # What torch raises for a CUDA call where there is no CUDA: a Mac's torch (or a CPU build), and
 # a CUDA build on a machine without NVIDIA's driver.
-NO_CUDA = ("Torch not compiled with CUDA enabled", "has no attribute '_cuda_", "Found no NVIDIA driver")
+NO_CUDA = ("Torch not compiled with CUDA enabled", "module 'torch._C' has no attribute '_cuda_",
+           "Found no NVIDIA driver")
 
 
 def _no_cuda_hint(error: dict, host: str) -> list[str]:

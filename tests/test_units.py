@@ -1459,6 +1459,11 @@ def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfl
     assert not any(hint in other for hint in ("use macfleet.DistributedSampler", "init() does not set up")), other
 
 
+def nn_module_attribute(name: str) -> object:
+    """An attribute a module lacks: AttributeError("'Linear' object has no attribute ...")."""
+    return getattr(torch.nn.Linear(1, 1), name)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA (a Mac's, or a CPU build)")
 def test_a_cuda_call_left_in_a_script_moved_to_macs_is_answered_with_macfleet_device(tmp_path) -> None:
     """A CUDA script moved to Macs that kept .cuda() or torch.cuda.set_device(local_rank) fails
@@ -1472,8 +1477,9 @@ def test_a_cuda_call_left_in_a_script_moved_to_macs_is_answered_with_macfleet_de
     for call in (lambda: torch.zeros(1).cuda(), lambda: torch.cuda.set_device(0), lambda: torch.ones(1, device="cuda")):
         said = report(call)
         assert hint in said, said
-    other = report(lambda: torch.ones(1, device="nowhere"))
-    assert "has no CUDA" not in other, other
+    for call in (lambda: torch.ones(1, device="nowhere"), lambda: nn_module_attribute("_cuda_graph")):
+        other = report(call)
+        assert "has no CUDA" not in other, other
     import torch.distributed as dist
 
     nccl = report(lambda: dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1))
