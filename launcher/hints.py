@@ -83,11 +83,11 @@ def _process_group_hint(error: dict) -> list[str]:
     if "Default process group has not been initialized" not in str(error.get("message")):
         return []
     where = str(error.get("traceback")).replace("\\", "/")
-    if "data/distributed.py" in where:
+    if "torch/utils/data/distributed.py" in where:
         return ["  torch's DistributedSampler asks torch.distributed for the ranks, which macfleet.init() does not set "
                 "up: use macfleet.DistributedSampler, which takes the same options and gives each rank the same "
                 "samples as torch's"]
-    if "nn/parallel/distributed.py" in where:
+    if "torch/nn/parallel/distributed.py" in where:
         return ["  torch's DistributedDataParallel needs torch.distributed, which macfleet.init() does not set up: "
                 "use macfleet.DataParallel(model), which takes DDP's options"]
     return ["  macfleet.init() does not set up torch.distributed: use macfleet's calls in its place (macfleet.rank(), "
