@@ -2,8 +2,9 @@
 
 A checkpoint holds the model, optimizer, learning-rate scheduler and gradient scaler state,
 step, epoch, the sampler's position and the RNG state of every generator of every rank (CPU,
-device, Python), so a restarted job continues exactly where it stopped. Rank 0 writes it atomically: to a temporary file, fsync'd, then
-renamed over the old one, so a crash during a save leaves the previous checkpoint whole.
+device, Python), so a restarted job continues exactly where it stopped. Rank 0 writes it
+atomically: to a temporary file, fsync'd, then renamed over the old one, so a crash during a
+save leaves the previous checkpoint whole.
 ``load`` reads the file on rank 0 and broadcasts it, so other hosts need no shared disk.
 """
 
