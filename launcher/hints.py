@@ -100,6 +100,8 @@ def _process_group_hint(error: dict) -> list[str]:
 # a CUDA build on a machine without NVIDIA's driver.
 NO_CUDA = ("Torch not compiled with CUDA enabled", "module 'torch._C' has no attribute '_cuda_",
            "Found no NVIDIA driver")
+# ... and for NCCL: a torch without it (a Mac's), and a CUDA build on a machine without GPUs.
+NO_NCCL = ("doesn't have NCCL built in", "ProcessGroupNCCL is only supported with GPUs")
 
 
 def _no_cuda_hint(error: dict, host: str) -> list[str]:
@@ -107,10 +109,10 @@ def _no_cuda_hint(error: dict, host: str) -> list[str]:
     ``torch.cuda.set_device(local_rank)``, or its DDP on NCCL: a Mac has no CUDA, and torch's
     message does not say what to write instead."""
     message = str(error.get("message"))
-    if "doesn't have NCCL built in" in message:
-        return [f"  NCCL is for NVIDIA GPUs, and the torch on {host} has none: a DDP script runs under macfleet "
-                f"launch with init_process_group(\"gloo\"), its tensors on the CPU, or trains on the Mac's GPU "
-                f"with macfleet.init() and macfleet.DataParallel (the README's table)"]
+    if any(said in message for said in NO_NCCL):
+        return [f"  NCCL needs NVIDIA GPUs, which {host} does not have: a DDP script runs under macfleet launch with "
+                f"init_process_group(\"gloo\"), its tensors on the CPU, or trains on the Mac's GPU with "
+                f"macfleet.init() and macfleet.DataParallel (the README's table)"]
     if not any(said in message for said in NO_CUDA):
         return []
     return [f"  {host} has no CUDA (a Mac's GPU is mps): put the model and tensors on macfleet.device(), the GPU this "

@@ -1483,7 +1483,7 @@ def test_a_cuda_call_left_in_a_script_moved_to_macs_is_answered_with_macfleet_de
     import torch.distributed as dist
 
     nccl = report(lambda: dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1))
-    assert "NCCL is for NVIDIA GPUs, and the torch on mini has none" in nccl and not dist.is_initialized(), nccl
+    assert "NCCL needs NVIDIA GPUs, which mini does not have" in nccl and not dist.is_initialized(), nccl
 
 
 def test_memory_fractions_that_add_up_past_one_gpu_are_warned_of_with_one_that_fits() -> None:
