@@ -267,7 +267,7 @@ try:
     big = torch.empty(int(total * 0.6), dtype=torch.uint8, device=dev)
     out["over_share_allocation"] = "allowed"
     del big
-except torch.OutOfMemoryError:
+except torch.cuda.OutOfMemoryError:  # the same class as newer torch's torch.OutOfMemoryError; on every torch
     out["over_share_allocation"] = "refused"
 out["memory_share_by_ranks_on_gpu"] = (
     out["memory_fraction_env"] == (0.0 if on_this_gpu == 1 else round(0.9 / on_this_gpu, 4))
