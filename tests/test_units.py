@@ -1403,8 +1403,8 @@ def test_a_rank_out_of_the_memory_of_a_gpu_it_shares_is_told_its_share(tmp_path,
         return failure_report(Failure(0.0, "exit", 1, exit_), {1: exit_}, 2)
 
     hint = "this rank may use 0.45 of its GPU's memory"
-    # torch.OutOfMemoryError on newer torch (torch.cuda's is the same class there); older has torch.cuda's alone
-    cuda = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)("CUDA out of memory. Tried to allocate 2.00 GiB.")
+    # torch.cuda's name: torch 2.1 has no torch.OutOfMemoryError, which is the same class where it is
+    cuda = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
     mps = RuntimeError("MPS backend out of memory (MPS allocated: 8.1 GB, other allocations: 1.2 MB, max allowed: "
                        "8.2 GB). Tried to allocate 512.00 MB on private pool. Use PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 "
                        "to disable upper limit for memory allocations (may cause system failure).")
