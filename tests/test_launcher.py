@@ -522,6 +522,23 @@ def test_another_launcher_s_habits_are_answered_with_macfleet_s_way() -> None:
         assert job.code == 2 and f"that is {whose}; macfleet's is {ours}" in job.stderr, job.stderr
 
 
+def test_python_m_macfleet_is_the_macfleet_command(tmp_path) -> None:
+    """Where ``pip install --user`` put the ``macfleet`` command off the PATH (macOS's
+    ~/Library/Python/3.x/bin), ``python -m macfleet`` runs it, as ``python -m
+    torch.distributed.run`` runs torchrun. It was "'macfleet' is a package and cannot be
+    directly executed"."""
+    proc = subprocess.Popen([sys.executable, "-m", "macfleet", "launch", "--nproc", "2", str(BIN / "chatter.py"), "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc.pid)
+    assert proc.returncode == 0, err
+    assert sorted(line.split("] ", 1)[1][:10] for line in out.splitlines()) == [
+        "chatter 0 ", "chatter 0 ", "chatter 1 ", "chatter 1 "], out
+
+
 def test_a_module_runs_as_python_m_runs_it(tmp_path) -> None:
     """``-m pkg.mod`` as with torchrun and python: the module is found from --cwd and runs as
     __main__ with the arguments that follow; one that is not there is named in one line. A
