@@ -684,7 +684,7 @@ def test_a_run_resumed_with_its_scheduler_and_scaler_ends_like_an_uninterrupted_
         macfleet.checkpoint.load(bare, model, scheduler=scheduler)
     with pytest.raises(macfleet.ConfigError, match=r"scheduler= takes the scheduler itself .* not a dict"):
         macfleet.checkpoint.save(bare, model, scheduler=scheduler.state_dict())
-    if hasattr(torch.amp, "GradScaler"):  # torch 2.3 on; before, only torch.cuda.amp's
+    if hasattr(torch.amp, "GradScaler"):  # not in torch 2.1, which has torch.cuda.amp's alone
         scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
         scaler.scale(torch.ones(()))  # its scale is made at the first use
         scaler.update(256.0)  # as after overflows had halved it twice
@@ -755,8 +755,9 @@ def test_a_killed_and_restarted_run_ends_like_an_uninterrupted_one(tmp_path) -> 
     for name in want:
         assert torch.allclose(got[name], want[name], atol=1e-6, rtol=0), name
     # The epoch the kill cut short is reported whole: its loss is the mean over all its steps,
-    # those before the restart too (it was the mean over the steps after it alone).
+    # those before the restart too (it was the mean over the steps after it alone). Parameters
+    # within 1e-6 may still move one of the 500 test images across a decision boundary.
     epochs = [json.loads((d / "metrics.json").read_text())["epochs"] for d in (crashed_dir, tmp_path / "clean")]
     for got_epoch, want_epoch in zip(*epochs, strict=True):
         assert got_epoch["loss"] == pytest.approx(want_epoch["loss"], rel=1e-5), epochs
-        assert got_epoch["test_accuracy"] == want_epoch["test_accuracy"], epochs
+        assert got_epoch["test_accuracy"] == pytest.approx(want_epoch["test_accuracy"], abs=1 / 500), epochs
