@@ -7,8 +7,8 @@ checkpoints, two forwards before one backward, a gradient penalty, a custom auto
 all-reduce inside backward, a bucket over 1 MiB lent for the size of its gradients, a model
 fine-tuned with layers unfrozen and a new head after wrapping, a deep copy of a wrapper trained on
 its own, DDP's ``device_ids`` moving the inputs, and ``torch.compile`` of the wrapper with
-inductor), a model left on the CPU warned of, memory reports and the cache given back, the memory fraction, and ``PolledEvent`` (how
-MPS events are waited for) on a real device event.
+inductor), a model left on the CPU warned of, memory reports and the cache given back, the
+memory fraction, and ``PolledEvent`` (how MPS events are waited for) on a real device event.
 The oracle also runs with every device copy issued from the thread that runs backward, as on
 MPS (``Device.copies_from_training_thread``).
 """
