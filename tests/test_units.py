@@ -1534,7 +1534,8 @@ def test_doctor_says_where_a_mac_has_much_less_memory_a_rank_than_another() -> N
 
 def test_the_layers_import_one_another_as_the_design_says() -> None:
     """DESIGN.md section 1: the launcher and the workers may import the library, which imports
-    neither, and they never import each other. The library's runtime imported the workers'
+    neither, and they never import each other (``macfleet/__main__.py`` is the ``macfleet``
+    command, run by ``python -m macfleet``, not a module of the library). The library's runtime imported the workers'
     stack dumps, the bench's rank side the launcher's size parser, and the launcher the
     workers' command lines. And the launcher and the agent start without torch (seconds of every
     start on a cold Mac)."""
@@ -1546,8 +1547,8 @@ def test_the_layers_import_one_another_as_the_design_says() -> None:
     found = []
     for folder, prefixes in banned.items():
         for name in sorted(os.listdir(os.path.join(root, folder))):
-            if not name.endswith(".py"):
-                continue
+            if not name.endswith(".py") or (folder, name) == ("macfleet", "__main__.py"):
+                continue  # ``python -m macfleet``: the command's entry point, as pyproject's script is; nothing imports it
             with open(os.path.join(root, folder, name)) as f:
                 tree = ast.parse(f.read())
             for node in ast.walk(tree):
