@@ -6,7 +6,7 @@ elsewhere: a DDP or Horovod script moved to Macs, a CUDA call kept, a checkpoint
 
 from __future__ import annotations
 
-from macfleet.protocol import STOOD_BY, WorkerExit
+from macfleet.protocol import FAILED_HERE, STOOD_BY, WorkerExit
 
 
 def after_exit(exit_: WorkerExit) -> list[str]:
@@ -135,8 +135,8 @@ def _checkpoint_hint(exits: dict[int, WorkerExit]) -> list[str]:
     in another collective, or had finished): a DDP script guards its ``torch.save`` with ``if
     rank == 0``, and kept in front of macfleet's ``checkpoint.save``, a collective, that guard
     leaves the other ranks out of it."""
-    failed_in = {rank: line.split(" [failed here]")[0] for rank, e in exits.items()
-                 for line in collectives_of(e).splitlines() if "[failed here]" in line}
+    failed_in = {rank: line.split(FAILED_HERE)[0] for rank, e in exits.items()
+                 for line in collectives_of(e).splitlines() if FAILED_HERE in line}
     at_checkpoint = {rank for rank, line in failed_in.items() if line.endswith(CHECKPOINT_CALLERS)}
     elsewhere = {rank for rank, e in exits.items() if rank not in at_checkpoint and (rank in failed_in or e.code == 0)}
     if not (at_checkpoint and elsewhere):

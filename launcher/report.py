@@ -43,9 +43,10 @@ def failure_report(root: Failure, exits: dict[int, WorkerExit], world_size: int)
             others.append(f"  {describe(e)}" + (f" [{kind}]" if kind else ""))
     if others:
         lines += ["other ranks:", *others]
-    if _about_collectives(root):
+    parted = _about_collectives(root)
+    if parted:
         lines += collectives_report(exits)
-    lines += hints.after_parting(exits, _about_collectives(root))
+    lines += hints.after_parting(exits, parted)
     lines.append("=" * 72)
     return "\n".join(lines)
 

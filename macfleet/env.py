@@ -125,8 +125,8 @@ def oversubscribed(fraction: float, processes: int, device: str) -> str | None:
     return (f"warning: --memory-fraction {fraction:g} for each of the {processes} ranks that share {device} lets "
             f"them ask for {fraction * processes:.2f} times its memory together: past what it has, they run out of "
             f"memory (CUDA) or the machine pages (a Mac, whose GPU memory is the machine's: many times slower). "
-            f"Give at most {int(1000 / processes) / 1000:g} (without it each gets {shared_memory_fraction(processes):g}), or run "
-            f"fewer ranks on it")
+            f"Give at most {int(1000 / processes) / 1000:g} (without it each gets "
+            f"{shared_memory_fraction(processes):g}), or run fewer ranks on it")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from types import FrameType
 
 import torch
 
+from macfleet import protocol
+
 KEPT = 4  # per rank: enough to see where two ranks parted, short enough for a report of many
 # Frames that are not the caller: macfleet's own, torch's (a module's __call__ around a
 # DataParallel forward, autograd around the end of backward) and the plumbing of threads and
@@ -81,5 +83,5 @@ class History:
         for op, what, path, line in list(self.made):
             source = linecache.getline(path, line).strip() if path else ""
             at = f" at {where(path, line)}" + (f": {source[:80]}" if source else "") if path else ""
-            out.append(f"#{op} {what}{' [failed here]' if op == self.failed_in else ''}{at}")
+            out.append(f"#{op} {what}{protocol.FAILED_HERE if op == self.failed_in else ''}{at}")
         return [*out, self.note] if self.note else out

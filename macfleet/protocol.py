@@ -173,6 +173,9 @@ ERROR_BYTES = {"traceback": 6 << 10, "collectives": 2 << 10}
 # The last line of a rank's collectives in its error report when it failed while it stood by
 # inside DataParallel.join() (``History.note``): the launcher's report then says what that means.
 STOOD_BY = "(this rank had run out of batches and stood by for the others inside DataParallel.join())"
+# What marks, in that list, the collective the rank left by an exception (``History.lines``):
+# the launcher's report reads which collective each rank failed in (``hints``).
+FAILED_HERE = " [failed here]"
 
 
 def _cut(text: str, limit: int) -> str:

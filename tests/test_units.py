@@ -1380,41 +1380,6 @@ def test_only_a_sigkill_that_macfleet_did_not_send_is_taken_for_memory() -> None
     assert "memory" not in report("SIGTERM", None, 1 << 30)
 
 
-def test_a_rank_out_of_the_memory_of_a_gpu_it_shares_is_told_its_share(tmp_path, monkeypatch) -> None:
-    """Out of GPU memory, torch names neither the share macfleet capped the rank at nor that its
-    own advice (PYTORCH_MPS_HIGH_WATERMARK_RATIO) cannot lift it. The error file (written as the
-    rank's bootstrap writes it) carries the share to the report."""
-    from macfleet import errorfile
-    from macfleet.launcher.coordinator import Failure
-    from macfleet.launcher.report import failure_report
-    from macfleet.protocol import WorkerExit
-
-    def report(exc: BaseException, fraction: str | None) -> str:
-        if fraction is None:
-            monkeypatch.delenv("MACFLEET_MEMORY_FRACTION", raising=False)
-        else:
-            monkeypatch.setenv("MACFLEET_MEMORY_FRACTION", fraction)
-        path = tmp_path / "error.json"
-        try:
-            raise exc
-        except BaseException as raised:
-            errorfile.write(str(path), raised)
-        exit_ = WorkerExit(1, "mini", 7, 1, None, 0.0, error=json.loads(path.read_text()))
-        return failure_report(Failure(0.0, "exit", 1, exit_), {1: exit_}, 2)
-
-    hint = "this rank may use 0.45 of its GPU's memory"
-    # torch.cuda's name: torch 2.1 has no torch.OutOfMemoryError, which is the same class where it is
-    cuda = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
-    mps = RuntimeError("MPS backend out of memory (MPS allocated: 8.1 GB, other allocations: 1.2 MB, max allowed: "
-                       "8.2 GB). Tried to allocate 512.00 MB on private pool. Use PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 "
-                       "to disable upper limit for memory allocations (may cause system failure).")
-    for exc in (cuda, mps):
-        said = report(exc, "0.45")
-        assert hint in said and "fewer ranks on mini, or a larger --memory-fraction" in said, said
-    assert "of its GPU's memory" not in report(cuda, None)  # a GPU of its own: nothing macfleet capped
-    assert "of its GPU's memory" not in report(ValueError("out of range"), "0.45")
-
-
 def report_of_raised(call: Any, path: Any) -> str:
     """The launcher's report of a job of one whose rank raised what ``call`` raises, its error
     file written (at ``path``) as a rank's bootstrap writes it."""
@@ -1431,6 +1396,34 @@ def report_of_raised(call: Any, path: Any) -> str:
         raise AssertionError(f"{call} raised nothing")
     exit_ = WorkerExit(0, "mini", 7, 1, None, 0.0, error=json.loads(path.read_text()))
     return failure_report(Failure(0.0, "exit", 0, exit_), {0: exit_}, 1)
+
+
+def test_a_rank_out_of_the_memory_of_a_gpu_it_shares_is_told_its_share(tmp_path, monkeypatch) -> None:
+    """Out of GPU memory, torch names neither the share macfleet capped the rank at nor that its
+    own advice (PYTORCH_MPS_HIGH_WATERMARK_RATIO) cannot lift it. The error file (written as the
+    rank's bootstrap writes it) carries the share to the report."""
+    def report(exc: Exception, fraction: str | None) -> str:
+        if fraction is None:
+            monkeypatch.delenv("MACFLEET_MEMORY_FRACTION", raising=False)
+        else:
+            monkeypatch.setenv("MACFLEET_MEMORY_FRACTION", fraction)
+
+        def raise_it() -> None:
+            raise exc
+
+        return report_of_raised(raise_it, tmp_path / "error.json")
+
+    hint = "this rank may use 0.45 of its GPU's memory"
+    # torch.cuda's name: torch 2.1 has no torch.OutOfMemoryError, which is the same class where it is
+    cuda = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+    mps = RuntimeError("MPS backend out of memory (MPS allocated: 8.1 GB, other allocations: 1.2 MB, max allowed: "
+                       "8.2 GB). Tried to allocate 512.00 MB on private pool. Use PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 "
+                       "to disable upper limit for memory allocations (may cause system failure).")
+    for exc in (cuda, mps):
+        said = report(exc, "0.45")
+        assert hint in said and "fewer ranks on mini, or a larger --memory-fraction" in said, said
+    assert "of its GPU's memory" not in report(cuda, None)  # a GPU of its own: nothing macfleet capped
+    assert "of its GPU's memory" not in report(ValueError("out of range"), "0.45")
 
 
 def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfleet_s(tmp_path) -> None:

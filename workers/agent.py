@@ -498,9 +498,8 @@ class Agent:
         if tail is not None and done:
             tail.append(done)
         with self.out_lock:
-            if sink is not None and self._open_line.get(id(sink)) == prefix:  # the rank ended mid-line
-                self._open_line[id(sink)] = None
-                _write(sink, b"\n")
+            if sink is not None:
+                self._end_line(sink, prefix)  # the rank ended mid-line
         stream.close()
         os.close(ended)
         caught_up.set()
@@ -519,12 +518,18 @@ class Agent:
         except OSError as exc:
             self.lost_logs.add(log.name)
             for sink in (sys.stdout.buffer, sys.stderr.buffer):
-                if self._open_line.get(id(sink)) is not None:  # a rank's line left open (a progress bar)
-                    self._open_line[id(sink)] = None
-                    _write(sink, b"\n")
+                self._end_line(sink)  # a rank's line left open (a progress bar): ours goes on a line of its own
             print(f"macfleet agent on {self.spec.host}: cannot write {log.name} ({exc.strerror or exc}): that log "
                   f"ends at {log.tell()} bytes, and the rank's output goes on only here", file=sys.stderr, flush=True)
             return False
+
+    def _end_line(self, sink: IO[bytes], prefix: bytes | None = None) -> None:
+        """End the line a rank left open on ``sink`` (under ``out_lock``); with ``prefix``, only
+        if it is that rank's."""
+        owner = self._open_line.get(id(sink))
+        if owner is not None and (prefix is None or owner == prefix):
+            self._open_line[id(sink)] = None
+            _write(sink, b"\n")
 
     def _show(self, sink: IO[bytes], prefix: bytes, piece: bytes, at_start: bool) -> bool:
         """Write one piece of a rank's output to ``sink`` (under ``out_lock``); whether the rank's

@@ -180,7 +180,8 @@ start_epoch, step, history = 0, 0, []
 # the steps of the epoch a mid-epoch checkpoint was taken in: their loss (summed over steps, as
 # the epoch's mean needs it) and time, so that a resumed epoch's line and metrics.json cover the
 # whole epoch, not only the steps after the restart
-before = {"loss": 0.0, "steps": 0, "seconds": 0.0}
+NONE_BEFORE = {"loss": 0.0, "steps": 0, "seconds": 0.0}
+before = NONE_BEFORE
 if checkpoint_path and (args.resume or restarted):
     # rank 0 decides: the other hosts may not see rank 0's disk
     found = macfleet.broadcast(torch.tensor([int(master and os.path.exists(checkpoint_path))]))
@@ -223,7 +224,7 @@ for epoch in range(start_epoch, args.epochs):
     steps_done = before["steps"] + steps
     seconds = before["seconds"] + time.perf_counter() - started
     mean_loss = (before["loss"] + loss_sum(total_loss)) / max(steps_done, 1)
-    before = {"loss": 0.0, "steps": 0, "seconds": 0.0}  # the next epoch starts whole
+    before = NONE_BEFORE  # the next epoch starts whole
     accuracy = evaluate()
     samples_per_s = steps_done * args.batch_size * sum(shares) / seconds
     history.append({"epoch": epoch + 1, "loss": mean_loss, "test_accuracy": accuracy,
