@@ -35,11 +35,13 @@ class Failure:
 
 @dataclass
 class Sample:
-    """Where a rank's threads were, and how much processor time it had used, when it answered."""
+    """Where a rank's threads were, how much processor time it and the processes it started had
+    used, and what its main thread waited on outside Python, when it answered."""
 
     text: str
     cpu_s: float | None
     at: float  # monotonic, when it arrived
+    outside: str | None = None  # "the network", "a process it started" (whereabouts.waits_outside)
 
 
 @dataclass
@@ -260,7 +262,9 @@ class Coordinator:
         return waited if self._hold_ended is None else min(waited, now - self._hold_ended)
 
     @staticmethod
-    def _who_waits(waiting: dict[int, dict[str, Any]]) -> str:
+    def _who_waits(waiting: dict[int, dict[str, Any]], awaited: int = 1) -> str:
+        """A stall line's end, "; ranks 0, 2 are waiting for it in all_reduce (op 7) at train.py:42":
+        ``awaited`` is how many ranks they wait for (them, or it)."""
         if not waiting:
             return ""
         first = next(iter(waiting.values()))
@@ -268,7 +272,7 @@ class Coordinator:
         sites = {w.get("at") for w in waiting.values()}
         at = f" at {sites.pop()}" if len(sites) == 1 and None not in sites and "" not in sites else ""
         return (f"; rank{'s' if len(waiting) > 1 else ''} {ranks} {'are' if len(waiting) > 1 else 'is'} waiting for "
-                f"it in {first.get('op')} (op {first.get('id')}){at}")
+                f"{'them' if awaited > 1 else 'it'} in {first.get('op')} (op {first.get('id')}){at}")
 
     def _check_stalls(self) -> None:
         """Horovod's stall report: ranks waiting in a collective for a long time, and the live
@@ -303,12 +307,13 @@ class Coordinator:
                 names = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in debugged)
                 many = len(debugged) > 1
                 self._stall_reported = f"rank{'s' if many else ''} {names} {'are' if many else 'is'} in a debugger"
-                self.log(f"{self._stall_reported}{self._who_waits(waiting)}; no stall report while it lasts")
+                self.log(f"{self._stall_reported}{self._who_waits(waiting, len(debugged))}; no stall report while it "
+                         f"lasts")
             return
         if suspects:
             names = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in suspects)
             reason = (f"rank{'s' if len(suspects) > 1 else ''} {names} made no progress for over "
-                      f"{self.stall_timeout_s:.0f} s{self._who_waits(waiting)}")
+                      f"{self.stall_timeout_s:.0f} s{self._who_waits(waiting, len(suspects))}")
         elif len({(w.get("op"), w.get("id")) for w in waiting.values()}) > 1:
             # A backstop: ranks in different collectives learn it from the first message that
             # reaches them (each names its collective and number); this is for waits that no
@@ -336,19 +341,18 @@ class Coordinator:
             suspect = suspects[0] if suspects else None
             where = self.samples[suspect].text if suspect in self.samples else ""
             detail = [f"rank {suspect} was at:\n{where}"] if where else []
-            if suspect is not None:  # a wait on the network looks stuck: no stack moves, no processor used
-                detail.append(f"(if rank {suspect} was doing slow work of its own rather than stuck, an upload or "
-                              f"a download, say: give --stall-timeout above that work's length, or --stall-action "
-                              f"warn)")
+            if suspect is not None:  # a wait whereabouts cannot see looks stuck: no stack moves, no processor used
+                detail.append(f"(if rank {suspect} was doing slow work of its own rather than stuck, a read from a "
+                              f"socket of the script's own, say: give --stall-timeout above that work's length, or "
+                              f"--stall-action warn)")
             self.fail(Failure(time.time(), f"stalled: {reason}", suspect, detail="\n".join(detail)))
 
     def _working(self, suspects: list[int], now: float) -> bool:
         """Whether the stall's suspects are working rather than stuck: rank 0 validating alone
         while the others wait at a barrier is no hang, and used to be aborted after twice the
-        stall timeout. Each is asked where it is again; it is working if its stacks have moved
-        since its last answer, or it has used a fifth of a core since. A rank that loops
-        waiting (a data loader that never returns), a deadlock, a read that never ends: neither.
-        While the answers are on the way this returns False, with ``_recheck`` set."""
+        stall timeout. Each is asked where it is again, and judged by ``_why_working``. A rank
+        that loops waiting (a data loader that never returns), a deadlock: stuck. While the
+        answers are on the way this returns False, with ``_recheck`` set."""
         if self._recheck is None:
             self._recheck = Recheck(now, {r: self.samples.get(r) for r in suspects})
             for r in suspects:
@@ -359,21 +363,13 @@ class Coordinator:
         if len(answered) < len(suspects) and now - check.asked < 2 * protocol.HEARTBEAT_S:
             return False
         self._recheck = None
-        working = []
-        for r in answered:
-            before, after = check.before.get(r), self.samples[r]
-            if before is None or after.text != before.text:
-                working.append(r)
-            elif after.cpu_s is not None and before.cpu_s is not None and \
-                    after.cpu_s - before.cpu_s > 0.2 * (after.at - before.at):
-                working.append(r)
+        working = {r: why for r in answered if (why := _why_working(check.before.get(r), self.samples[r]))}
         if working and not self._busy_said:
             self._busy_said = True
-            names = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in working)
-            many = len(working) > 1
-            self.log(f"rank{'s' if many else ''} {names} {'are' if many else 'is'} working, not stuck (moving through "
-                     f"its code, or using the processor): the others go on waiting, up to the collective timeout "
-                     f"(MACFLEET_TIMEOUT, 600 s unless set)")
+            said = "; ".join(f"rank {r} ({self.hosts.get(r, '?')}) is working, not stuck ({why})"
+                             for r, why in working.items())
+            self.log(f"{said}: the others go on waiting, up to the collective timeout (MACFLEET_TIMEOUT, 600 s "
+                     f"unless set)")
         return bool(working)
 
     def _note_long_exchange(self, waiting: dict[int, dict[str, Any]], now: float) -> None:
@@ -413,8 +409,9 @@ class Coordinator:
     def _on_stacks(self, msg: dict[str, Any], peer: Peer) -> None:
         rank, text = msg.get("rank"), msg.get("text")
         if isinstance(rank, int) and isinstance(text, str):  # asked when a stall is reported, or a rank lost
-            cpu = msg.get("cpu_s")
-            self.samples[rank] = Sample(text, float(cpu) if isinstance(cpu, (int, float)) else None, time.monotonic())
+            cpu, outside = msg.get("cpu_s"), msg.get("outside")
+            self.samples[rank] = Sample(text, float(cpu) if isinstance(cpu, (int, float)) else None, time.monotonic(),
+                                        outside if isinstance(outside, str) else None)
             if self._recheck is None or rank not in self._recheck.before:  # a recheck's answer is for us alone
                 self.log(f"rank {rank} ({self._host_of(rank)}) is at:\n{_indent(text)}")
             for failure in self.failures:  # a rank that went silent: the dump comes after the failure
@@ -803,6 +800,20 @@ class Coordinator:
 
     def close(self) -> None:
         self.socket.close(linger=0)
+
+
+def _why_working(before: Sample | None, after: Sample) -> str | None:
+    """Why a rank the others wait for is working, in words, from two answers of its a while
+    apart, or None if it looks stuck: its stacks moved; it, or the processes it started (a pool
+    preprocessing data, ``tar``), used a fifth of a core; or its main thread waits on the network
+    or on a process it started (a download, ``curl``), which uses next to no processor."""
+    if before is None or after.text != before.text:
+        return "moving through its code"
+    if after.cpu_s is not None and before.cpu_s is not None and after.cpu_s - before.cpu_s > 0.2 * (after.at - before.at):
+        return "using the processor, itself or in processes it started"
+    if after.outside is not None:
+        return f"waiting on {after.outside}"
+    return None
 
 
 def _indent(text: str) -> str:

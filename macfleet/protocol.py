@@ -42,7 +42,9 @@ Flow of one job::
     coord  -> worker        hold     {on}                              (a rank is in a debugger, or no
                                                                        longer: waits for it have no deadline)
     coord  -> worker        stacks   {}                                (a stall names it: where is it?)
-    worker -> coordinator   stacks   {rank, text, cpu_s}               (its threads' stacks, its process time)
+    worker -> coordinator   stacks   {rank, text, cpu_s, outside}      (its threads' stacks, its and its
+                                                                       children's processor time, what its
+                                                                       main thread waits on: whereabouts)
     coord  -> agents        stacks   {rank}                            (a rank went silent: dump its stacks)
     agent  -> coordinator   stacks   {rank, text}                      (faulthandler's dump of them, tidied)
 

@@ -17,7 +17,6 @@ import statistics
 import sys
 import threading
 import time
-import traceback
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -25,10 +24,9 @@ from typing import Any, Callable, Iterator
 import torch
 import zmq
 
-from macfleet import backends, errorfile, hostops, knobs, protocol, segments, sources, timeline
+from macfleet import backends, errorfile, hostops, knobs, protocol, segments, sources, timeline, whereabouts
 from macfleet.arguments import check_all_gather, check_all_reduce, check_broadcast
 from macfleet.collectives import LEFT, Collectives, error_line
-from macfleet.commands import starts_script
 from macfleet.control import ControlClient
 from macfleet.env import WorkerEnv, oversubscribed, shared_memory_fraction
 from macfleet.errors import ConfigError, MacfleetError, ProtocolError, RendezvousError
@@ -284,48 +282,6 @@ def recent_collectives() -> list[str]:
     return _left_history.lines() if _left_history is not None else []
 
 
-def _stacks(frames_per_thread: int = 10, max_bytes: int = 12 << 10) -> str:
-    """Where this rank's threads are, as a traceback shows it: the main thread (the script's)
-    first, each thread's innermost frames, from the script's own outermost one on (not the
-    bootstrap's that run it); macfleet's own threads left out. For the stall report, when the
-    others wait for this rank in a collective it is not in: a data loader that never returns,
-    a lock, an ``input()``. Cut to ``max_bytes``: a control message's header holds 16 KiB."""
-    frames = sys._current_frames()
-    threads = sorted(threading.enumerate(), key=lambda t: t is not threading.main_thread())
-    parts = []
-    for thread in threads:
-        frame = frames.get(thread.ident or 0)
-        if frame is None or thread.name.startswith("macfleet-"):
-            continue
-        chain = []
-        while frame is not None:
-            chain.append(frame)
-            frame = frame.f_back
-        chain.reverse()  # outermost first
-        while len(chain) > 1 and starts_script(chain[0].f_code.co_filename):
-            chain.pop(0)
-        summary = traceback.StackSummary.extract((f, f.f_lineno) for f in chain[-frames_per_thread:])
-        parts.append(f"thread {thread.name} (most recent call last):\n" + "".join(summary.format()).rstrip())
-    text = "\n".join(parts).encode()
-    return text.decode() if len(text) <= max_bytes else text[:max_bytes].decode(errors="ignore") + "\n..."
-
-
-def _in_debugger() -> bool:
-    """Whether the script's main thread is stopped in pdb (or stepping under it): the others
-    then wait for this rank for as long as someone debugs it, which the launcher's stall report
-    must not take for a hang. ``breakpoint()`` sets bdb's trace function on every frame of the
-    stack it stops in; a profiler's or coverage's tracer is not bdb's."""
-    bdb = sys.modules.get("bdb")
-    if bdb is None:
-        return False
-    frame = sys._current_frames().get(threading.main_thread().ident or 0)
-    while frame is not None:
-        if isinstance(getattr(frame.f_trace, "__self__", None), bdb.Bdb):
-            return True
-        frame = frame.f_back
-    return False
-
-
 def _orphaned(env: WorkerEnv) -> bool:
     """True if our agent is gone; then we remove its per-job directory (error files, shared
     memory) ourselves, since it no longer can."""
@@ -483,7 +439,7 @@ class _ControlThread(threading.Thread):
                 self._send_timeline(TIMELINE_MESSAGES)
                 now = time.monotonic()
                 if now >= next_beat:
-                    self.client.send(protocol.BEAT, **self.status(), debugging=_in_debugger())
+                    self.client.send(protocol.BEAT, **self.status(), debugging=whereabouts.in_debugger())
                     next_beat = now + protocol.HEARTBEAT_S
                     self._check_parent()
                 msg = self.client.recv(0.05)
@@ -495,8 +451,10 @@ class _ControlThread(threading.Thread):
                 elif msg.get("kind") == protocol.HOLD:
                     self.liveness.held = bool(msg.get("on"))
                 elif msg.get("kind") == protocol.STACKS:  # the others wait for us, and we are elsewhere
-                    # with the processor time used so far: a rank that works tells itself from a stuck one
-                    self.client.send(protocol.STACKS, rank=self.env.rank, text=_stacks(), cpu_s=time.process_time())
+                    # with the processor time used so far, and what it waits on: a rank that works
+                    # tells itself from a stuck one (whereabouts)
+                    self.client.send(protocol.STACKS, rank=self.env.rank, text=whereabouts.stacks(),
+                                     cpu_s=whereabouts.processor_s(), outside=whereabouts.waits_outside())
                 else:
                     self.inbox.put(msg)
         finally:

@@ -30,7 +30,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import MNIST, write_idx
-from macfleet import ConfigError, hostops, netaddr, wire
+from macfleet import ConfigError, hostops, netaddr, whereabouts, wire
 from macfleet.backends import CudaDevice, Device, MpsDevice, PolledEvent, check_tensor
 from macfleet.env import WorkerEnv
 from macfleet.launcher.coordinator import odd_copies, same_batches
@@ -1607,6 +1607,36 @@ def test_a_faulthandler_dump_is_tidied_like_a_traceback(tmp_path) -> None:
     pool.shutdown()
     assert "in waits_for_work\n    inbox.get()" in text, text
     assert "(most recent call last)" in text and "concurrent" not in text, text
+
+
+# -- where a rank the others wait for is (whereabouts) ------------------------------------------
+def test_ps_times_read_as_linux_and_macos_print_them() -> None:
+    """The ``time`` column as procps prints it ([DD-]HH:MM:SS) and as macOS's ps does
+    (minutes past 59, centiseconds)."""
+    assert whereabouts.ps_time_s("00:00:30") == 30
+    assert whereabouts.ps_time_s("1-02:03:04") == 86400 + 2 * 3600 + 3 * 60 + 4
+    assert whereabouts.ps_time_s("0:00.34") == pytest.approx(0.34)
+    assert whereabouts.ps_time_s("125:03.12") == pytest.approx(125 * 60 + 3.12)
+    assert whereabouts.ps_time_s("-") == 0 and whereabouts.ps_time_s("") == 0 and whereabouts.ps_time_s("TIME") == 0
+
+
+def test_a_rank_s_processor_time_counts_a_grandchild_at_work_and_after() -> None:
+    """What ``tar`` uses, started through a shell (``os.system``), is the rank's work: while it
+    runs, read from /proc and from ``ps`` (macOS's way, which runs here too), and once ended."""
+    spin = ("import sys, time\nwhile time.process_time() < 1.2: pass\nprint('spun', flush=True)\n"
+            "sys.stdin.read()")  # then it stays, a running grandchild, until its input closes
+    before = whereabouts.processor_s()
+    child = subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c "$0"', spin], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "spun\n"
+        assert whereabouts.descendants_s(whereabouts.proc_table()) >= 1.0
+        assert whereabouts.descendants_s(whereabouts.ps_table()) >= 1.0  # 1.2 s: whole seconds, ticks lost
+        assert whereabouts.ps_table()[os.getpid()][0] == os.getppid()
+    finally:
+        child.stdin.close()
+        child.wait(30)
+    assert whereabouts.processor_s() - before >= 1.0
 
 
 # -- every rank wraps the same model ----------------------------------------------------------

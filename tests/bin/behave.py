@@ -4,7 +4,8 @@ Every rank joins the job and prints ``ready``; the rank FAIL_RANK then fails by 
 (``raise``, ``exit3``, ``sigkill``: after it has filled SIGKILL_HOLDS bytes, ``sigkill-holding-segment``: killed between creating a
 shared-memory segment and unlinking it, ``segfault``: a crash in native code, ``stuck``:
 alive but never back from a data loader, ``gil``: stuck in native code holding the GIL, ``busy``: working alone for a while
-(``BEHAVE_BUSY_S``, 9 s) before it joins the others, ``uploader``: leaves a thread (not a daemon) that
+(``BEHAVE_BUSY_S``, 9 s) before it joins the others, ``outside``: the same, with work outside Python (FAIL_RANK and the
+two after it, one kind each: ``work_outside``), ``uploader``: leaves a thread (not a daemon) that
 works for 4.5 s after the script has ended, ``raise-held``: raises, leaving such a thread that never ends, ``huge-error`` / ``huge-line``: an
 exception or a stderr line too large for one control message, ``after-shutdown``: a
 collective after ``macfleet.shutdown()``, ``early``: shut down and exit 0, ``os-exit``: ``os._exit(0)``, ``no-init``: exit 0
@@ -27,11 +28,13 @@ last collective; in ``root-swapped`` every rank broadcasts from the next rank (a
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import torch
 
@@ -60,6 +63,39 @@ def validate_alone(seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         sum(i * i for i in range(10_000))
+
+
+SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass"
+TRICKLE = """
+import socket, sys, time
+listener = socket.create_server(("127.0.0.1", 0))
+print(listener.getsockname()[1], flush=True)
+conn, _ = listener.accept()
+conn.recv(65536)  # the request
+count = int(float(sys.argv[1]) / 0.2)
+conn.sendall(b"HTTP/1.0 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n" % count)
+for _ in range(count):
+    conn.sendall(b"x")
+    time.sleep(0.2)
+"""
+
+
+def work_outside(kind: int, seconds: float) -> None:
+    """Slow work of this rank's own that its main thread waits on outside Python, moving neither
+    its stack nor using its processor: 0, a command that computes (``tar`` unpacking the data) in
+    a grandchild, through ``os.system``; 1, a command that waits (``curl`` over a slow link); 2, a
+    download through urllib, from a server that sends a byte every 0.2 s."""
+    if kind == 0:
+        os.system(f"{shlex.quote(sys.executable)} -c {shlex.quote(SPIN)} {seconds}")
+    elif kind == 1:
+        subprocess.run([sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1]))", str(seconds)],
+                       check=True)
+    else:
+        server = subprocess.Popen([sys.executable, "-c", TRICKLE, str(seconds)], stdout=subprocess.PIPE, text=True)
+        port = int(server.stdout.readline())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=60) as reply:
+            reply.read()
+        server.wait()
 
 
 def next_batch() -> None:
@@ -103,6 +139,8 @@ if mode == "orphans":  # FAIL_RANK leaves a process behind and exits; the others
         os._exit(0)
     mark(marks, f"stuck-{rank}", str(os.getpid()))
     native_deadlock()
+if mode == "outside" and fail_rank <= rank < fail_rank + 3:  # then they join the others: no failure at all
+    work_outside(rank - fail_rank, float(os.environ.get("BEHAVE_BUSY_S", "9")))
 if rank == fail_rank:
     if mode == "raise-held":  # and its exit waits for good for a thread of the script (not a daemon)
         threading.Thread(target=next_batch, name="prefetcher").start()

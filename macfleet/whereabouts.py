@@ -1,0 +1,167 @@
+"""Where a rank is, for the launcher's stall report: when the others wait for it in a collective
+it is not in, the launcher asks it, twice, and tells a rank that works from a stuck one.
+
+A rank works if its stacks move between the two answers, or it uses the processor: itself, or
+the processes it started (a ``multiprocessing`` pool preprocessing the data on rank 0 while the
+others wait at a barrier; ``tar`` unpacking it). Its main thread may also wait, without moving
+or using the processor, on work done outside it: a download through Python's sockets (urllib,
+requests, a hub client), or a process it started (``curl``, ``aws s3 cp``). Those look stuck by
+stacks and processor time alike, and were aborted after twice the stall timeout; the
+collective timeout still bounds them.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+from macfleet.commands import starts_script
+
+# The modules whose frames, innermost on the main thread, mean it waits on work outside it.
+# A library's read or write ends in one of the first three; ``subprocess`` waits for a child
+# (through ``selectors`` where it reads the child's output).
+NETWORK_MODULES = ("socket", "ssl", "http.client")
+CHILD_MODULES = ("subprocess",)
+INNERMOST = 3  # frames looked at: subprocess's communicate reads through selectors' select
+
+
+def stacks(frames_per_thread: int = 10, max_bytes: int = 12 << 10) -> str:
+    """Where this rank's threads are, as a traceback shows it: the main thread (the script's)
+    first, each thread's innermost frames, from the script's own outermost one on (not the
+    bootstrap's that run it); macfleet's own threads left out. For the stall report, when the
+    others wait for this rank in a collective it is not in: a data loader that never returns,
+    a lock, an ``input()``. Cut to ``max_bytes``: a control message's header holds 16 KiB."""
+    frames = sys._current_frames()
+    threads = sorted(threading.enumerate(), key=lambda t: t is not threading.main_thread())
+    parts = []
+    for thread in threads:
+        frame = frames.get(thread.ident or 0)
+        if frame is None or thread.name.startswith("macfleet-"):
+            continue
+        chain = []
+        while frame is not None:
+            chain.append(frame)
+            frame = frame.f_back
+        chain.reverse()  # outermost first
+        while len(chain) > 1 and starts_script(chain[0].f_code.co_filename):
+            chain.pop(0)
+        summary = traceback.StackSummary.extract((f, f.f_lineno) for f in chain[-frames_per_thread:])
+        parts.append(f"thread {thread.name} (most recent call last):\n" + "".join(summary.format()).rstrip())
+    text = "\n".join(parts).encode()
+    return text.decode() if len(text) <= max_bytes else text[:max_bytes].decode(errors="ignore") + "\n..."
+
+
+def in_debugger() -> bool:
+    """Whether the script's main thread is stopped in pdb (or stepping under it): the others
+    then wait for this rank for as long as someone debugs it, which the launcher's stall report
+    must not take for a hang. ``breakpoint()`` sets bdb's trace function on every frame of the
+    stack it stops in; a profiler's or coverage's tracer is not bdb's."""
+    bdb = sys.modules.get("bdb")
+    if bdb is None:
+        return False
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    while frame is not None:
+        if isinstance(getattr(frame.f_trace, "__self__", None), bdb.Bdb):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def waits_outside() -> str | None:
+    """What the script's main thread waits on outside Python, in words, or None: "the network"
+    or "a process it started". Judged by the modules of its innermost frames, so a read the
+    script makes on a socket of its own (``sock.recv``, no library frame below it) is not seen."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    for _ in range(INNERMOST):
+        if frame is None:
+            break
+        module = frame.f_globals.get("__name__")
+        if module in NETWORK_MODULES:
+            return "the network"
+        if module in CHILD_MODULES:
+            return "a process it started"
+        frame = frame.f_back
+    return None
+
+
+def processor_s() -> float:
+    """The processor time this rank has used, with that of every process it started: those
+    still running (read from /proc on Linux, from ``ps`` on macOS) and those ended and waited
+    for (``RUSAGE_CHILDREN``).
+    A child that ends between two answers takes its time from the first sum to the second;
+    the launcher compares sums a stall timeout apart, so such a drop is rare and only makes
+    the rank look stuck, as before this counted children at all."""
+    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+    table = proc_table() if os.path.isdir("/proc/self/task") else ps_table()
+    return time.process_time() + ended.ru_utime + ended.ru_stime + descendants_s(table)
+
+
+def descendants_s(table: dict[int, tuple[int, float]]) -> float:
+    """The processor time of this process's running descendants, from a table of every process's
+    parent and processor seconds. Read only when a stall is reported, so the few milliseconds
+    that takes do not matter."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo, seen = 0.0, list(children.get(os.getpid(), [])), set()
+    while todo:
+        pid = todo.pop()
+        if pid not in seen:  # a table read while processes come and go, pids reused: no loops
+            seen.add(pid)
+            total += table[pid][1]
+            todo.extend(children.get(pid, []))
+    return total
+
+
+def proc_table() -> dict[int, tuple[int, float]]:
+    """Every process's parent and processor seconds, from Linux's /proc, to the clock tick
+    (``ps`` there says whole seconds, as coarse as a short stall timeout). One ``cat`` reads
+    them: file by file, each read let go of the GIL, and while the script's main thread runs
+    Python every such wait lasts up to its 5 ms switch interval (116 processes: 1.3-1.6 s, and
+    a rank that answered that late was taken for stuck; ``cat``: 55-60 ms)."""
+    tick, table = os.sysconf("SC_CLK_TCK"), {}
+    for line in _output(["sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null"]).splitlines():
+        pid, _, after = line.partition(" ")
+        fields = after.rpartition(")")[2].split()  # after the command's name, which may hold spaces
+        try:
+            table[int(pid)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+        except (IndexError, ValueError):
+            continue
+    return table
+
+
+def ps_table() -> dict[int, tuple[int, float]]:
+    """The same from ``ps``, on macOS (which has no /proc)."""
+    table = {}
+    for line in _output(["ps", "-A", "-o", "pid=,ppid=,time="]).splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[0].isdigit() and fields[1].isdigit():
+            table[int(fields[0])] = (int(fields[1]), ps_time_s(fields[2]))
+    return table
+
+
+def _output(command: list[str]) -> str:
+    """What ``command`` prints, whatever its exit status (``cat`` fails on a process that ended
+    meanwhile, having printed the rest); empty where it cannot be run."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def ps_time_s(text: str) -> float:
+    """Seconds from ``ps``'s ``time`` column: "[DD-]HH:MM:SS" on Linux, "MM:SS.cc" (minutes
+    past 59 included) on macOS; 0 for anything else."""
+    days, _, clock = text.rpartition("-")
+    try:
+        seconds = 0.0
+        for part in clock.split(":"):
+            seconds = 60 * seconds + float(part)
+        return 86400 * int(days or 0) + seconds
+    except ValueError:
+        return 0.0
