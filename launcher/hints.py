@@ -17,7 +17,7 @@ def after_exit(exit_: WorkerExit) -> list[str]:
 def after_error(error: dict, host: str) -> list[str]:
     """What the exception a rank raised (its error file, on ``host``) says."""
     return (_missing_module_hint(error, host) + _device_memory_hint(error, host) + _process_group_hint(error)
-            + _no_cuda_hint(error, host))
+            + _no_cuda_hint(error, host) + _timeout_hint(error))
 
 
 def after_parting(exits: dict[int, WorkerExit], in_different_collectives: bool) -> list[str]:
@@ -94,6 +94,21 @@ def _process_group_hint(error: dict) -> list[str]:
             "macfleet.world_size(), macfleet.all_reduce(t), macfleet.barrier(): the README's table has each), or "
             "keep the script's own dist.init_process_group(\"gloo\"), which works under macfleet launch as under "
             "torchrun"]
+
+
+def _timeout_hint(error: dict) -> list[str]:
+    """A collective that waited out its timeout. A stuck rank is aborted by the stall check long
+    before (two minutes), so what remains is most often a rank that worked on for longer than
+    the timeout while the others waited: rank 0 downloading or preparing the data before a
+    barrier, which torch's gloo lets run for 30 minutes. The error names neither the timeout's
+    setting nor that it can be raised."""
+    if error.get("type") != "CollectiveTimeout":
+        return []
+    return ["  A rank waits for the others in a collective for at most the collective timeout (MACFLEET_TIMEOUT, "
+            "600 s unless set, or macfleet.init(timeout_s=...)), as torch's init_process_group(timeout=...). If the "
+            "rank it waited for was working on something long of its own (rank 0 downloading or preparing the data "
+            "while the others wait at a barrier), give the timeout above that work's length: macfleet launch --env "
+            "MACFLEET_TIMEOUT=3600 ..."]
 
 
 # What torch raises for a CUDA call where there is no CUDA: a Mac's torch (or a CPU build), and

@@ -1398,6 +1398,24 @@ def report_of_raised(call: Any, path: Any) -> str:
     return failure_report(Failure(0.0, "exit", 0, exit_), {0: exit_}, 1)
 
 
+def test_a_collective_that_timed_out_names_the_timeout_and_how_to_raise_it(tmp_path) -> None:
+    """Rank 0 preparing the data for longer than the collective timeout while the others wait
+    (the stall check lets a working rank be): the error said 'did not reach a barrier within
+    600 s', and nothing of MACFLEET_TIMEOUT."""
+    from macfleet.errors import CollectiveTimeout
+
+    def timed_out() -> None:
+        raise CollectiveTimeout("local rank 0: local ranks [1] of this host did not reach a barrier within 600 s")
+
+    def other() -> None:
+        int("x")
+
+    hint = "give the timeout above that work's length: macfleet launch --env MACFLEET_TIMEOUT=3600"
+    report = report_of_raised(timed_out, tmp_path / "error.json")
+    assert "did not reach a barrier within 600 s" in report and hint in report
+    assert hint not in report_of_raised(other, tmp_path / "other.json")
+
+
 def test_a_rank_out_of_the_memory_of_a_gpu_it_shares_is_told_its_share(tmp_path, monkeypatch) -> None:
     """Out of GPU memory, torch names neither the share macfleet capped the rank at nor that its
     own advice (PYTORCH_MPS_HIGH_WATERMARK_RATIO) cannot lift it. The error file (written as the
