@@ -17,7 +17,7 @@ def after_exit(exit_: WorkerExit) -> list[str]:
 def after_error(error: dict, host: str) -> list[str]:
     """What the exception a rank raised (its error file, on ``host``) says."""
     return (_missing_module_hint(error, host) + _device_memory_hint(error, host) + _process_group_hint(error)
-            + _no_cuda_hint(error, host) + _timeout_hint(error))
+            + _no_cuda_hint(error, host) + _timeout_hint(error) + _rendezvous_hint(error))
 
 
 def after_parting(exits: dict[int, WorkerExit], in_different_collectives: bool) -> list[str]:
@@ -109,6 +109,18 @@ def _timeout_hint(error: dict) -> list[str]:
             "rank it waited for was working on something long of its own (rank 0 downloading or preparing the data "
             "while the others wait at a barrier), give the timeout above that work's length: macfleet launch --env "
             "MACFLEET_TIMEOUT=3600 ..."]
+
+
+def _rendezvous_hint(error: dict) -> list[str]:
+    """Ranks that waited in ``macfleet.init()`` for one that never got there: the launcher
+    named it, and where it was, once a stall timeout before. A rank that does long work before
+    its init (rank 0 downloading the data first) is the common case, and has two ways out."""
+    if error.get("type") != "RendezvousError" or "not every rank registered" not in str(error.get("message")):
+        return []
+    return ["  macfleet.init() waits for every rank for at most the rendezvous timeout (MACFLEET_RENDEZVOUS_TIMEOUT, "
+            "600 s unless set). If a rank does long work before it (downloading the data), call macfleet.init() "
+            "first and that work after it (the others then wait at your barrier, which lets a working rank be), or "
+            "give the timeout above that work's length: macfleet launch --env MACFLEET_RENDEZVOUS_TIMEOUT=3600 ..."]
 
 
 # What torch raises for a CUDA call where there is no CUDA: a Mac's torch (or a CPU build), and

@@ -1416,6 +1416,23 @@ def test_a_collective_that_timed_out_names_the_timeout_and_how_to_raise_it(tmp_p
     assert hint not in report_of_raised(other, tmp_path / "other.json")
 
 
+def test_ranks_that_waited_out_the_rendezvous_name_its_timeout_and_the_ways_out(tmp_path) -> None:
+    """A rank downloading the data before macfleet.init() for over 10 minutes: the others' error
+    said 'not every rank registered within 600 s', and nothing of what to change."""
+    from macfleet.errors import RendezvousError
+
+    def waited_out() -> None:
+        raise RendezvousError("rank 0: not every rank registered within 600 s (coordinator tcp://10.0.0.2:5000)")
+
+    def unreachable() -> None:
+        raise RendezvousError("rank 2 published no endpoint for channel ring-0")
+
+    hint = "call macfleet.init() first and that work after it"
+    report = report_of_raised(waited_out, tmp_path / "error.json")
+    assert hint in report and "--env MACFLEET_RENDEZVOUS_TIMEOUT=3600" in report
+    assert hint not in report_of_raised(unreachable, tmp_path / "other.json")
+
+
 def test_a_rank_out_of_the_memory_of_a_gpu_it_shares_is_told_its_share(tmp_path, monkeypatch) -> None:
     """Out of GPU memory, torch names neither the share macfleet capped the rank at nor that its
     own advice (PYTORCH_MPS_HIGH_WATERMARK_RATIO) cannot lift it. The error file (written as the
