@@ -114,13 +114,13 @@ def _timeout_hint(error: dict) -> list[str]:
 def _rendezvous_hint(error: dict) -> list[str]:
     """Ranks that waited in ``macfleet.init()`` for one that never got there: the launcher
     named it, and where it was, once a stall timeout before. A rank that does long work before
-    its init (rank 0 downloading the data first) is the common case, and has two ways out."""
+    its init (rank 0 downloading the data first) is the common case."""
     if error.get("type") != "RendezvousError" or "not every rank registered" not in str(error.get("message")):
         return []
     return ["  macfleet.init() waits for every rank for at most the rendezvous timeout (MACFLEET_RENDEZVOUS_TIMEOUT, "
-            "600 s unless set). If a rank does long work before it (downloading the data), call macfleet.init() "
-            "first and that work after it (the others then wait at your barrier, which lets a working rank be), or "
-            "give the timeout above that work's length: macfleet launch --env MACFLEET_RENDEZVOUS_TIMEOUT=3600 ..."]
+            "600 s unless set). If a rank does long work before it (downloading the data), give the timeout above "
+            "that work's length: macfleet launch --env MACFLEET_RENDEZVOUS_TIMEOUT=3600 ... (work after "
+            "macfleet.init(), while the others wait at a barrier, is bounded by MACFLEET_TIMEOUT instead)"]
 
 
 # What torch raises for a CUDA call where there is no CUDA: a Mac's torch (or a CPU build), and
