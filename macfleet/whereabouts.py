@@ -92,10 +92,10 @@ def waits_outside() -> str | None:
 def processor_s() -> float:
     """The processor time this rank has used, with that of every process it started: those
     still running (read from /proc on Linux, from ``ps`` on macOS) and those ended and waited
-    for (``RUSAGE_CHILDREN``).
-    A child that ends between two answers takes its time from the first sum to the second;
-    the launcher compares sums a stall timeout apart, so such a drop is rare and only makes
-    the rank look stuck, as before this counted children at all."""
+    for (``RUSAGE_CHILDREN``). On Linux a running one's time includes its own ended children
+    (``tar`` run and waited for by a shell that is still running). macOS's ``ps`` leaves those
+    out: there such time drops from one answer to the next, which at worst makes the rank
+    look stuck for that one look, as before this counted children at all."""
     ended = resource.getrusage(resource.RUSAGE_CHILDREN)
     table = proc_table() if os.path.isdir("/proc/self/task") else ps_table()
     return time.process_time() + ended.ru_utime + ended.ru_stime + descendants_s(table)
@@ -119,9 +119,9 @@ def descendants_s(table: dict[int, tuple[int, float]]) -> float:
 
 
 def proc_table() -> dict[int, tuple[int, float]]:
-    """Every process's parent and processor seconds, from Linux's /proc, to the clock tick
-    (``ps`` there says whole seconds, as coarse as a short stall timeout). One ``cat`` reads
-    them: file by file, each read let go of the GIL, and while the script's main thread runs
+    """Every process's parent and processor seconds (with its ended children's), from Linux's
+    /proc, to the clock tick (``ps`` there says whole seconds, as coarse as a short stall
+    timeout). One ``cat`` reads them: file by file, each read let go of the GIL, and while the script's main thread runs
     Python every such wait lasts up to its 5 ms switch interval (116 processes: 1.3-1.6 s, and
     a rank that answered that late was taken for stuck; ``cat``: 55-60 ms)."""
     tick, table = os.sysconf("SC_CLK_TCK"), {}
@@ -129,7 +129,7 @@ def proc_table() -> dict[int, tuple[int, float]]:
         pid, _, after = line.partition(" ")
         fields = after.rpartition(")")[2].split()  # after the command's name, which may hold spaces
         try:
-            table[int(pid)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+            table[int(pid)] = (int(fields[1]), sum(int(f) for f in fields[11:15]) / tick)  # utime..cstime
         except (IndexError, ValueError):
             continue
     return table

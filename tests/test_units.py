@@ -1672,6 +1672,15 @@ def test_a_rank_s_processor_time_counts_a_grandchild_at_work_and_after() -> None
         child.stdin.close()
         child.wait(30)
     assert whereabouts.processor_s() - before >= 1.0
+    # a grandchild ended and waited for by a shell that still runs: Linux counts it in the shell's
+    spun = f'"{sys.executable}" -c "import time\nwhile time.process_time() < 1.2: pass"; echo ended; read x'
+    shell = subprocess.Popen(["sh", "-c", spun], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert shell.stdout.readline() == "ended\n"
+        assert whereabouts.descendants_s(whereabouts.proc_table()) >= 1.0
+    finally:
+        shell.stdin.close()
+        shell.wait(30)
 
 
 # -- every rank wraps the same model ----------------------------------------------------------
