@@ -81,8 +81,8 @@ for _ in range(count):
 
 
 def work_outside(kind: int, seconds: float) -> None:
-    """Slow work of this rank's own that its main thread waits on outside Python, moving neither
-    its stack nor using its processor: 0, a command that computes (``tar`` unpacking the data) in
+    """Slow work of this rank's own that its main thread waits on outside Python, which neither
+    moves its stack nor uses its processor: 0, a command that computes (``tar`` unpacking the data) in
     a grandchild, through ``os.system``; 1, a command that waits (``curl`` over a slow link); 2, a
     download through urllib, from a server that sends a byte every 0.2 s."""
     if kind == 0:
