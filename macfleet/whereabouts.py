@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from types import FrameType
 
 from macfleet.commands import starts_script
 
@@ -64,7 +65,7 @@ def in_debugger() -> bool:
     bdb = sys.modules.get("bdb")
     if bdb is None:
         return False
-    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    frame = _main_frame()
     while frame is not None:
         if isinstance(getattr(frame.f_trace, "__self__", None), bdb.Bdb):
             return True
@@ -72,11 +73,16 @@ def in_debugger() -> bool:
     return False
 
 
+def _main_frame() -> FrameType | None:
+    """The innermost frame of the script's main thread (None while it has none)."""
+    return sys._current_frames().get(threading.main_thread().ident or 0)
+
+
 def waits_outside() -> str | None:
     """What the script's main thread waits on outside Python, in words, or None: "the network"
     or "a process it started". Judged by the modules of its innermost frames, so a read the
     script makes on a socket of its own (``sock.recv``, no library frame below it) is not seen."""
-    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    frame = _main_frame()
     for _ in range(INNERMOST):
         if frame is None:
             break
@@ -95,7 +101,8 @@ def processor_s() -> float:
     for (``RUSAGE_CHILDREN``). On Linux a running one's time includes its own ended children
     (``tar`` run and waited for by a shell that is still running). macOS's ``ps`` leaves those
     out: there such time drops from one answer to the next, which at worst makes the rank
-    look stuck for that one look, as before this counted children at all."""
+    look stuck for that one look, as before this counted children at all. Asked only when a
+    stall is reported, so the tens of milliseconds it takes do not matter."""
     ended = resource.getrusage(resource.RUSAGE_CHILDREN)
     table = proc_table() if os.path.isdir("/proc/self/task") else ps_table()
     return time.process_time() + ended.ru_utime + ended.ru_stime + descendants_s(table)
@@ -103,8 +110,7 @@ def processor_s() -> float:
 
 def descendants_s(table: dict[int, tuple[int, float]]) -> float:
     """The processor time of this process's running descendants, from a table of every process's
-    parent and processor seconds. Read only when a stall is reported, so the few milliseconds
-    that takes do not matter."""
+    parent and processor seconds."""
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
