@@ -17,7 +17,9 @@ TORCHELASTIC_USE_AGENT_STORE       True, as under torchrun: that store is served
                                    tcp://MASTER_ADDR:MASTER_PORT finds no store)
 TORCHELASTIC_RESTART_COUNT         the same as MACFLEET_RESTART_COUNT (older torch reads it there)
 MACFLEET_COORDINATOR               control-plane endpoint, ``tcp://host:port``
-MACFLEET_JOB_ID                    job identity; every message carries it
+MACFLEET_JOB_ID                    job identity; every message carries it. With MACFLEET_AGENT_PID
+                                   it marks what the ranks start: the agent stops a process
+                                   started with both, in a session of its own, at the job's end
 MACFLEET_RESTART_COUNT             restart round, 0 for the first
 MACFLEET_DEVICE                    ``auto`` (mps, then cuda, then cpu), ``mps``, ``cuda``, ``cpu``
 MACFLEET_SEED                      base seed; rank r seeds its generators with seed + r

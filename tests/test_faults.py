@@ -208,10 +208,20 @@ def test_ranks_background_processes_neither_hold_up_the_job_nor_outlive_it(fail_
     waited up to 2 s for each stream's end before it reported a rank's exit, sending no
     heartbeat meanwhile: three ranks held it 12 s (two, 8 s), and the job failed as "agent 0 sent
     no heartbeat" (here with a 3 s timeout), whatever the ranks did. The exits must be reported
-    with the failing rank's traceback whole, and the processes must end with the job."""
+    with the failing rank's traceback whole, and the processes must end with the job: those in
+    sessions of their own too (they outlived it, out of reach of the rank's process group), but
+    not one started without the job's mark in its environment."""
     job = run_launch("--nproc", "2", "--heartbeat-timeout", "3", BEHAVE, str(fail_rank), "child", timeout=60)
-    children = [int(pid) for pid in re.findall(r"child pid=(\d+)", job.stdout)]
-    assert len(children) == 2, job.output
+    kept = [int(pid) for pid in re.findall(r"kept pid=(\d+)", job.stdout)]
+    try:
+        assert len(kept) == 2 and all(_alive(pid) for pid in kept), job.output  # started outside the job's mark
+    finally:
+        for pid in kept:
+            os.kill(pid, signal.SIGKILL)
+    children = [int(pid) for pid in re.findall(r"(?:child|session) pid=(\d+)", job.stdout)]
+    assert len(children) == 4, job.output
+    sessions = re.findall(r"session pid=(\d+)", job.stdout)
+    assert all(f"pid {pid} (python" in job.stderr for pid in sessions), job.stderr  # named, as they are stopped
     assert "heartbeat" not in job.stderr, job.stderr
     if fail_rank < 0:
         assert job.code == 0 and job.stdout.count("finished") == 2, job.output

@@ -15,6 +15,7 @@ import pty
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -1707,3 +1708,30 @@ def test_a_model_that_differs_between_ranks_is_named_by_its_first_difference() -
         "float32 on rank 1 and [10, 4] float32 on rank 0")
     with pytest.raises(ValueError):
         difference([ours, layout(model())])
+
+
+# -- what the ranks left outside their process groups (workers/leftovers.py) --------------------
+def test_processes_with_both_marks_outside_the_ranks_groups_are_found_and_stopped() -> None:
+    """A process the ranks started keeps their environment: this agent's job id and pid. One
+    with either mark alone is another job's (or was started to outlive this one), and one in a
+    rank's process group is the agent's to stop itself."""
+    from macfleet.workers import leftovers
+
+    job, agent = "f00d", 4242424
+    marks = {"MACFLEET_JOB_ID": job, "MACFLEET_AGENT_PID": str(agent)}
+    envs = {"left": marks, "in a group": marks, "job id only": {"MACFLEET_JOB_ID": job},
+            "agent pid only": {"MACFLEET_AGENT_PID": str(agent)}, "another job": {**marks, "MACFLEET_JOB_ID": "beef"}}
+    procs = {name: subprocess.Popen(["sleep", "60"], env={**os.environ, **env}, start_new_session=True)
+             for name, env in envs.items()}
+    try:
+        group = procs["in a group"].pid  # its own session: its pid is its group's
+        found = leftovers.find(job, agent, {group})
+        assert found == [leftovers.Leftover(procs["left"].pid, "sleep")], found
+        assert leftovers.stop(job, agent, {group}) == found
+        assert procs["left"].wait(timeout=5) == -signal.SIGTERM
+        assert all(p.poll() is None for name, p in procs.items() if name != "left")
+        assert leftovers.find(job, agent, {group}) == []
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()

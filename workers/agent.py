@@ -38,7 +38,7 @@ from macfleet.control import ControlClient
 from macfleet.env import physical_memory, shared_memory_fraction
 from macfleet.lines import WholeLines, ends_line, forward_nowhere, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
-from macfleet.workers import dumps
+from macfleet.workers import dumps, leftovers
 from macfleet.workers.awake import keep_awake, let_sleep
 
 TAIL_LINES = 40
@@ -654,6 +654,7 @@ class Agent:
     def _finish(self) -> int:
         for w in self.workers:
             _killpg(w.proc.pid, signal.SIGKILL)  # nothing of this job outlives the agent
+        self._stop_leftovers()
         if self.store is not None:
             _killpg(self.store.pid, signal.SIGKILL)
             self.store.wait()
@@ -670,6 +671,17 @@ class Agent:
         segments.release(self.tmpdir)  # shared-memory objects a crash left (macOS)
         shutil.rmtree(self.tmpdir, ignore_errors=True)  # error files, and any segment a crash left
         return 0 if all(w.exit and w.exit.code == 0 for w in self.workers) else 1
+
+    def _stop_leftovers(self) -> None:
+        """What the ranks started in sessions of their own, out of reach of the group kills above."""
+        if not self.workers:
+            return
+        stopped = leftovers.stop(self.spec.job_id, os.getpid(), {w.proc.pid for w in self.workers})
+        if stopped:
+            named = ", ".join(f"pid {left.pid} ({left.program})" for left in stopped)
+            print(f"macfleet agent on {self.spec.host}: stopped what the ranks started in sessions of their own, "
+                  f"which would have outlived the job: {named} (a process meant to outlive the job is started "
+                  f"without MACFLEET_JOB_ID in its environment)", file=sys.stderr, flush=True)
 
     def _watch_stdin(self) -> None:
         # The raw fd, not sys.stdin: a daemon thread blocked in a buffered reader aborts

@@ -10,7 +10,8 @@ works for 4.5 s after the script has ended, ``raise-held``: raises, leaving such
 exception or a stderr line too large for one control message, ``after-shutdown``: a
 collective after ``macfleet.shutdown()``, ``early``: shut down and exit 0, ``os-exit``: ``os._exit(0)``, ``no-init``: exit 0
 before ``macfleet.init()``, ``late``: call it only after ``BEHAVE_LATE_S`` (6 s), ``child``:
-raise, as every rank leaves a background process holding its stdout and stderr, ``none``) while the others wait in all-reduces, which a failure
+raise, as every rank leaves background processes: one holding its stdout and stderr, one in a session of its own, one
+meant to outlive the job, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
 (until stopped); in ``orphans`` FAIL_RANK starts a process and exits while the others
 hold the GIL for good; with ``hang-first`` only until a restart, which finishes. ``env`` prints the environment contract as this rank sees it,
@@ -127,6 +128,14 @@ if mode == "env":
 if mode == "child":  # a metrics service, say: it inherits the rank's output streams
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     print(f"child pid={child.pid}", flush=True)
+    # the same in a session of its own, out of the rank's process group (a TensorBoard, a daemon)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    print(f"session pid={child.pid}", flush=True)
+    # and one meant to outlive the job, started without its environment's mark
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                             env={k: v for k, v in os.environ.items() if k != "MACFLEET_JOB_ID"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print(f"kept pid={child.pid}", flush=True)
 print(f"ready pid={os.getpid()}", flush=True)
 macfleet.barrier()
 if mode == "orphans":  # FAIL_RANK leaves a process behind and exits; the others hold the GIL for good
