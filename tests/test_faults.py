@@ -90,7 +90,8 @@ def test_an_agent_killed_leaves_neither_a_rank_stuck_in_native_code_nor_an_exite
     """A rank stops itself when its agent is gone, from a thread that needs the GIL; one
     that holds the GIL for good never did. A rank that had exited left what it started to its
     agent, which stops it at the job's end: SIGKILLed first, it left it running. Each rank's
-    keeper stops the rank's process group when the agent's pipe reaches its end."""
+    keeper stops the rank's process group when the agent's pipe reaches its end, and before it
+    what the ranks started in sessions of their own."""
     # rank 0 sends no heartbeat while it holds the GIL: no timeout may stop the job before the test does
     job = RunningJob("--nproc", "2", "--heartbeat-timeout", "120", "--stall-timeout", "0", "--env",
                      f"BEHAVE_MARKS={tmp_path}", BEHAVE, "1", "orphans", ranks=2)
@@ -103,7 +104,7 @@ def test_an_agent_killed_leaves_neither_a_rank_stuck_in_native_code_nor_an_exite
             time.sleep(0.05)  # polling for the ranks' marks
         if not all((tmp_path / name).exists() for name in ("child", "stuck-0")):
             pytest.fail(f"no marks from the ranks in 30 s ({sorted(os.listdir(tmp_path))}):\n{job.wait(30)[1]}")
-        child = int((tmp_path / "child").read_text())
+        child, away = int((tmp_path / "child").read_text()), int((tmp_path / "session").read_text())
         deadline = time.monotonic() + 20
         while _alive(job.pids[1]) and time.monotonic() < deadline:
             time.sleep(0.05)  # polling the process table for rank 1's exit
@@ -113,15 +114,16 @@ def test_an_agent_killed_leaves_neither_a_rank_stuck_in_native_code_nor_an_exite
                                    check=True).stdout)
         os.kill(agent, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while (_alive(child) or _alive(job.pids[0])) and time.monotonic() < deadline:
+        while (_alive(child) or _alive(away) or _alive(job.pids[0])) and time.monotonic() < deadline:
             time.sleep(0.05)  # polling for the keepers' work
         assert not _alive(job.pids[0]), "the rank holding the GIL outlived its agent"
         assert not _alive(child), "the exited rank's child outlived its agent"
+        assert not _alive(away), "the exited rank's child in a session of its own outlived its agent"
         code, err, _ = job.wait(30)
         assert code != 0 and "the agent on localhost was killed by SIGKILL" in err
     finally:
         job.close()
-        for pid in (job.pids[0], locals().get("child")):
+        for pid in (job.pids[0], locals().get("child"), locals().get("away")):
             if pid and _alive(pid):
                 os.kill(pid, signal.SIGKILL)
 

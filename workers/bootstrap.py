@@ -26,7 +26,7 @@ import types
 import warnings
 
 from macfleet import errorfile
-from macfleet.workers import dumps
+from macfleet.workers import dumps, leftovers
 
 
 def main() -> None:
@@ -163,8 +163,14 @@ def _leave_job(script: str) -> int:
 # cat that read to the end (exit 0) means the agent is gone: a cat killed by a signal (a stray
 # `pkill cat`) had the keeper SIGKILL a live rank 3 s later, and the report then blamed the
 # rank. Another cat reads on from where that one stopped, since the pipe is the shell's stdin.
+# Before the group, what the ranks started in sessions of their own, by the marks in their
+# environment, as the agent finds them at the job's end (leftovers.py). The keeper's own
+# environment holds neither mark, so neither it nor its ps is among them.
 KEEPER = ('while ! cat >/dev/null; do sleep 1; done; sleep 3; '
-          '[ -n "$MACFLEET_SHM_DIR" ] && rm -rf "$MACFLEET_SHM_DIR"; kill -KILL 0')
+          '[ -n "$MACFLEET_SHM_DIR" ] && rm -rf "$MACFLEET_SHM_DIR"; '
+          'ps -A $KEEP_PS -ww -o pid=,command= | while read -r pid rest; do case " $rest " in '
+          '*" MACFLEET_JOB_ID=$KEEP_JOB "*) case " $rest " in *" MACFLEET_AGENT_PID=$KEEP_AGENT "*) '
+          'kill -KILL "$pid";; esac;; esac; done; kill -KILL 0')
 
 
 def _start_keeper(alive_fd: int) -> None:
@@ -175,7 +181,9 @@ def _start_keeper(alive_fd: int) -> None:
     first. The keeper also holds the group's id, which no new group can take while it lives, so
     the agent's last killpg cannot reach another job's."""
     devnull = os.open(os.devnull, os.O_RDWR)
-    env = {"PATH": "/usr/bin:/bin", "MACFLEET_SHM_DIR": os.environ.get("MACFLEET_SHM_DIR", "")}
+    env = {"PATH": "/usr/bin:/bin", "MACFLEET_SHM_DIR": os.environ.get("MACFLEET_SHM_DIR", ""),
+           "KEEP_JOB": os.environ.get("MACFLEET_JOB_ID", "-"), "KEEP_AGENT": os.environ.get("MACFLEET_AGENT_PID", "-"),
+           "KEEP_PS": leftovers.PS_ENVIRONMENT}
     try:
         os.posix_spawn("/bin/sh", ["sh", "-c", KEEPER], env, file_actions=[
             (os.POSIX_SPAWN_DUP2, alive_fd, 0),  # cat ends at the pipe's EOF: no agent holds it any more

@@ -68,12 +68,15 @@ def _signal(processes: list[Leftover], sig: int) -> None:
             pass  # ended meanwhile
 
 
+# ps's option for the environment, after the command line: macOS's says -E, Linux's (procps) the
+# BSD-style e. The ranks' keepers (bootstrap.py) use it too.
+PS_ENVIRONMENT = "-E" if sys.platform == "darwin" else "e"
+
+
 def _ps_with_environment() -> str:
-    """Every process's pid, process group and command line followed by its environment. macOS's
-    ps says ``-E`` for the environment, Linux's (procps) the BSD-style ``e``."""
-    environment = ["-E"] if sys.platform == "darwin" else ["e"]
+    """Every process's pid, process group and command line followed by its environment."""
     try:
-        return subprocess.run(["ps", "-A", *environment, "-ww", "-o", "pid=,pgid=,command="], capture_output=True,
+        return subprocess.run(["ps", "-A", PS_ENVIRONMENT, "-ww", "-o", "pid=,pgid=,command="], capture_output=True,
                               text=True, errors="replace", timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return ""

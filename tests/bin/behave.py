@@ -13,7 +13,7 @@ before ``macfleet.init()``, ``late``: call it only after ``BEHAVE_LATE_S`` (6 s)
 raise, as every rank leaves background processes: one holding its stdout and stderr, one in a session of its own, one
 meant to outlive the job, ``none``) while the others wait in all-reduces, which a failure
 elsewhere must turn into an error rather than a hang. With ``hang`` the others wait forever
-(until stopped); in ``orphans`` FAIL_RANK starts a process and exits while the others
+(until stopped); in ``orphans`` FAIL_RANK starts two processes (one in a session of its own) and exits while the others
 hold the GIL for good; with ``hang-first`` only until a restart, which finishes. ``env`` prints the environment contract as this rank sees it,
 then goes on as ``none``.
 In the mismatch modes the ranks from FAIL_RANK on call a collective that differs from the
@@ -143,6 +143,9 @@ if mode == "orphans":  # FAIL_RANK leaves a process behind and exits; the others
     if rank == fail_rank:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        away = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        mark(marks, "session", str(away.pid))
         mark(marks, "child", str(child.pid))
         macfleet.shutdown()
         os._exit(0)
