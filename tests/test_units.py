@@ -1723,13 +1723,22 @@ def test_processes_with_both_marks_outside_the_ranks_groups_are_found_and_stoppe
             "agent pid only": {"MACFLEET_AGENT_PID": str(agent)}, "another job": {**marks, "MACFLEET_JOB_ID": "beef"}}
     procs = {name: subprocess.Popen(["sleep", "60"], env={**os.environ, **env}, start_new_session=True)
              for name, env in envs.items()}
+    # and one that ignores SIGTERM (kept across its exec of sleep)
+    procs["stubborn"] = subprocess.Popen(["sh", "-c", "trap '' TERM; exec sleep 61"], env={**os.environ, **marks},
+                                         start_new_session=True)
     try:
+        deadline = time.monotonic() + 10
+        stubborn = ["ps", "-o", "comm=", "-p", str(procs["stubborn"].pid)]
+        while "sleep" not in subprocess.run(stubborn, capture_output=True, text=True).stdout \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling for its exec, after the trap
         group = procs["in a group"].pid  # its own session: its pid is its group's
         found = leftovers.find(job, agent, {group})
-        assert found == [leftovers.Leftover(procs["left"].pid, "sleep")], found
-        assert leftovers.stop(job, agent, {group}) == found
-        assert procs["left"].wait(timeout=5) == -signal.SIGTERM
-        assert all(p.poll() is None for name, p in procs.items() if name != "left")
+        ended = {procs["left"].pid: -signal.SIGTERM, procs["stubborn"].pid: -signal.SIGKILL}
+        assert set(found) == {leftovers.Leftover(pid, "sleep") for pid in ended}, found
+        assert leftovers.stop(job, agent, {group}, grace_s=0.5) == found
+        assert {p.pid: p.wait(timeout=5) for name, p in procs.items() if p.pid in ended} == ended
+        assert all(p.poll() is None for p in procs.values() if p.pid not in ended)
         assert leftovers.find(job, agent, {group}) == []
     finally:
         for p in procs.values():

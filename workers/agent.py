@@ -676,7 +676,7 @@ class Agent:
         """What the ranks started in sessions of their own, out of reach of the group kills above."""
         if not self.workers:
             return
-        stopped = leftovers.stop(self.spec.job_id, os.getpid(), {w.proc.pid for w in self.workers})
+        stopped = leftovers.stop(self.spec.job_id, os.getpid(), {w.proc.pid for w in self.workers}, self.spec.grace_s)
         if stopped:
             named = ", ".join(f"pid {left.pid} ({left.program})" for left in stopped)
             print(f"macfleet agent on {self.spec.host}: stopped what the ranks started in sessions of their own, "

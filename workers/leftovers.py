@@ -18,11 +18,6 @@ import subprocess
 import sys
 import time
 
-# What a process that left is given to end on its own before SIGKILL: a TensorBoard or a
-# metrics writer ends at SIGTERM in milliseconds, and the job is over.
-GRACE_S = 1.0
-
-
 @dataclasses.dataclass(frozen=True)
 class Leftover:
     pid: int
@@ -44,14 +39,15 @@ def find(job_id: str, agent_pid: int, groups: set[int]) -> list[Leftover]:
     return found
 
 
-def stop(job_id: str, agent_pid: int, groups: set[int]) -> list[Leftover]:
-    """SIGTERM each process ``find`` gives, SIGKILL those still there after ``GRACE_S``; what
-    was found. A process that has ended is no longer found, a zombie included (it has no
-    environment left), so the wait ends as soon as they all have."""
+def stop(job_id: str, agent_pid: int, groups: set[int], grace_s: float) -> list[Leftover]:
+    """SIGTERM each process ``find`` gives, SIGKILL those still there ``grace_s`` later (the
+    ranks' own grace: a service that uploads what it holds, as wandb's does, ends at SIGTERM
+    once it has); what was found. A process that has ended is no longer found, a zombie
+    included (it has no environment left), so the wait ends as soon as they all have."""
     found = find(job_id, agent_pid, groups)
     for sig in (signal.SIGTERM, signal.SIGCONT):  # a stopped process must wake up to end
         _signal(found, sig)
-    deadline = time.monotonic() + GRACE_S
+    deadline = time.monotonic() + grace_s
     pids = {left.pid for left in found}
     while pids and time.monotonic() < deadline:
         time.sleep(0.05)
