@@ -5,7 +5,8 @@ A rank works if its stacks move between the two answers, or it uses the processo
 the processes it started (a ``multiprocessing`` pool preprocessing the data on rank 0 while the
 others wait at a barrier; ``tar`` unpacking it). Its main thread may also wait, without moving
 or using the processor, on work done outside it: a download through Python's sockets (urllib,
-requests, a hub client), or a process it started (``curl``, ``aws s3 cp``). Those look stuck by
+requests, a hub client), or a process it started (``curl``, ``aws s3 cp``), itself or through
+a thread of the script it waits for (a thread pool fetching a model's files). Those look stuck by
 stacks and processor time alike, and were aborted after twice the stall timeout; the
 collective timeout still bounds them.
 """
@@ -28,6 +29,10 @@ from macfleet.commands import starts_script
 # (through ``selectors`` where it reads the child's output).
 NETWORK_MODULES = ("socket", "ssl", "http.client")
 CHILD_MODULES = ("subprocess",)
+# ... and that it waits for another thread of the script: ``join()``, a future's ``result()``
+# (a thread pool downloading the files of a model, as huggingface_hub's snapshot_download does),
+# a queue. Then that thread's waits are the rank's.
+THREAD_MODULES = ("threading", "queue")
 INNERMOST = 3  # frames looked at: subprocess's communicate reads through selectors' select
 
 
@@ -80,18 +85,41 @@ def _main_frame() -> FrameType | None:
 
 def waits_outside() -> str | None:
     """What the script's main thread waits on outside Python, in words, or None: "the network"
-    or "a process it started". Judged by the modules of its innermost frames, so a read the
-    script makes on a socket of its own (``sock.recv``, no library frame below it) is not seen."""
-    frame = _main_frame()
+    or "a process it started", itself or through a thread of the script it waits for ("the
+    network, in its thread ThreadPoolExecutor-0_0"). Judged by the modules of the threads'
+    innermost frames, so a read the script makes on a socket of its own (``sock.recv``, no
+    library frame below it) is not seen."""
+    frames = sys._current_frames()
+    main = frames.get(threading.main_thread().ident or 0)
+    waits = _innermost(main)
+    if waits not in THREAD_MODULES:
+        return _outside(waits)
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.name.startswith("macfleet-"):
+            said = _outside(_innermost(frames.get(thread.ident or 0)))
+            if said is not None:
+                return f"{said}, in its thread {thread.name}"
+    return None
+
+
+def _innermost(frame: FrameType | None) -> str | None:
+    """The module of the first of a thread's ``INNERMOST`` frames that tells what it waits on
+    (the network, a child, another thread), or None."""
     for _ in range(INNERMOST):
         if frame is None:
             break
         module = frame.f_globals.get("__name__")
-        if module in NETWORK_MODULES:
-            return "the network"
-        if module in CHILD_MODULES:
-            return "a process it started"
+        if module in NETWORK_MODULES + CHILD_MODULES + THREAD_MODULES:
+            return module
         frame = frame.f_back
+    return None
+
+
+def _outside(module: str | None) -> str | None:
+    if module in NETWORK_MODULES:
+        return "the network"
+    if module in CHILD_MODULES:
+        return "a process it started"
     return None
 
 

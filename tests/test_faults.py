@@ -301,15 +301,16 @@ def test_a_rank_working_alone_is_not_aborted_as_a_stall() -> None:
 def test_ranks_working_outside_python_are_not_aborted_as_a_stall() -> None:
     """Rank 0's own slow work before a barrier often runs outside Python: ``tar`` unpacking the
     data (its processor time is its grandchild's), ``curl`` fetching it, or a download through
-    urllib. The rank's stack stands still and it uses no processor itself: each was aborted as
-    stuck after twice the stall timeout. Each is now named working, and why."""
+    urllib, on the main thread or in a thread pool it waits for. The rank's stack stands still
+    and it uses no processor itself: each was aborted as stuck after twice the stall timeout.
+    Each is now named working, and why."""
     job = run_launch("--nproc", "4", "--stall-timeout", "2", BEHAVE, "1", "outside", timeout=90)
     assert job.code == 0 and job.stdout.count("finished") == 4, job.output
     # the three were suspects, and rank 0 waits for them all
     assert "stall: ranks 1 (localhost), 2 (localhost), 3 (localhost) made no progress for over 2 s; rank 0 is " \
            "waiting for them" in job.stderr, job.stderr
     working = {"1": "using the processor, itself or in processes it started",
-               "2": "waiting on a process it started", "3": "waiting on the network"}
+               "2": "waiting on a process it started", "3": "waiting on the network, in its thread ThreadPoolExecutor-0_0"}
     for rank, why in working.items():
         assert f"rank {rank} (localhost) is working, not stuck ({why})" in job.stderr, job.stderr
 

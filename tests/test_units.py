@@ -30,7 +30,7 @@ import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import MNIST, write_idx
+from conftest import BIN, MNIST, write_idx
 from macfleet import ConfigError, hostops, netaddr, whereabouts, wire
 from macfleet.backends import CudaDevice, Device, MpsDevice, PolledEvent, check_tensor
 from macfleet.env import WorkerEnv
@@ -1682,6 +1682,47 @@ def test_a_rank_s_processor_time_counts_a_grandchild_at_work_and_after() -> None
     finally:
         shell.stdin.close()
         shell.wait(30)
+
+
+
+def test_a_main_thread_waiting_on_a_download_of_its_own_or_of_a_thread_it_waits_for_is_seen() -> None:
+    """A download on the main thread, or in a thread pool whose result the main thread waits
+    for (huggingface_hub's snapshot_download), waits on the network; a pool that computes or
+    sleeps does not (its stacks or processor time say whether it works)."""
+    import concurrent.futures
+    import urllib.request
+
+    def download(seconds: float) -> None:
+        server = subprocess.Popen([sys.executable, str(BIN / "trickle.py"), str(seconds)], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{int(server.stdout.readline())}/", timeout=30) as reply:
+                reply.read()
+        finally:
+            server.wait(30)
+
+    def seen_while(block: Any) -> set[str | None]:
+        """What waits_outside said of this (the main) thread, looked at from another while it ran ``block``."""
+        seen: set[str | None] = set()
+        done = threading.Event()
+
+        def look() -> None:
+            while not done.wait(0.05):
+                seen.add(whereabouts.waits_outside())
+
+        looker = threading.Thread(target=look)
+        looker.start()
+        try:
+            block()
+        finally:
+            done.set()
+            looker.join()
+        return seen
+
+    assert "the network" in seen_while(lambda: download(1.0))
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fetch") as pool:
+        assert "the network, in its thread fetch_0" in seen_while(lambda: pool.submit(download, 1.0).result())
+        assert seen_while(lambda: pool.submit(time.sleep, 0.5).result()) == {None}
 
 
 # -- every rank wraps the same model ----------------------------------------------------------

@@ -27,6 +27,7 @@ broadcast from themselves and the others from rank 0; ``root-last`` is the same 
 last collective; in ``root-swapped`` every rank broadcasts from the next rank (all of them receive).
 """
 
+import concurrent.futures
 import json
 import os
 import shlex
@@ -67,36 +68,32 @@ def validate_alone(seconds: float) -> None:
 
 
 SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass"
-TRICKLE = """
-import socket, sys, time
-listener = socket.create_server(("127.0.0.1", 0))
-print(listener.getsockname()[1], flush=True)
-conn, _ = listener.accept()
-conn.recv(65536)  # the request
-count = int(float(sys.argv[1]) / 0.2)
-conn.sendall(b"HTTP/1.0 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n" % count)
-for _ in range(count):
-    conn.sendall(b"x")
-    time.sleep(0.2)
-"""
 
 
 def work_outside(kind: int, seconds: float) -> None:
     """Slow work of this rank's own that its main thread waits on outside Python, which neither
     moves its stack nor uses its processor: 0, a command that computes (``tar`` unpacking the data) in
     a grandchild, through ``os.system``; 1, a command that waits (``curl`` over a slow link); 2, a
-    download through urllib, from a server that sends a byte every 0.2 s."""
+    download through urllib, from a server that sends a byte every 0.2 s, in a thread pool whose
+    result the main thread waits for (as huggingface_hub's ``snapshot_download`` fetches a model's
+    files; a download on the main thread itself is test_units')."""
     if kind == 0:
         os.system(f"{shlex.quote(sys.executable)} -c {shlex.quote(SPIN)} {seconds}")
     elif kind == 1:
         subprocess.run([sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1]))", str(seconds)],
                        check=True)
     else:
-        server = subprocess.Popen([sys.executable, "-c", TRICKLE, str(seconds)], stdout=subprocess.PIPE, text=True)
-        port = int(server.stdout.readline())
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=60) as reply:
-            reply.read()
-        server.wait()
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            pool.submit(trickle_download, seconds).result()
+
+
+def trickle_download(seconds: float) -> None:
+    trickle = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trickle.py")
+    server = subprocess.Popen([sys.executable, trickle, str(seconds)], stdout=subprocess.PIPE, text=True)
+    port = int(server.stdout.readline())
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=60) as reply:
+        reply.read()
+    server.wait()
 
 
 def next_batch() -> None:
