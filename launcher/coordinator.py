@@ -115,6 +115,7 @@ class Coordinator:
         self.sources: dict[int, dict[str, dict[str, str]]] = {}
         self.samples: dict[int, Sample] = {}  # rank -> its latest answer to a STACKS request (a stall, a silence)
         self._recheck: Recheck | None = None
+        self._to_show: set[int] = set()  # ranks asked where they are for the log, not for a recheck alone
         self._abort_after = 0.0  # how long the waits of a stall may last before it is aborted (0: twice the timeout)
         self._busy_said = False  # whether this stall's suspects were said to be working
         self.last_ops: dict[int, int] = {}  # rank -> the last collective it drew, sent when it shut down
@@ -330,6 +331,7 @@ class Coordinator:
             self._stall_reported = reason
             self.log(f"stall: {reason}")
             for r in suspects[:3]:  # what keeps them: each answers with its threads' stacks (_on_stacks)
+                self._to_show.add(r)
                 self.send(f"rank-{r}", protocol.STACKS)
         longest = max(self._waited(self.status[r], now) for r in waiting)
         if self.stall_action == "abort" and longest > (self._abort_after or 2 * self.stall_timeout_s):
@@ -412,11 +414,15 @@ class Coordinator:
             cpu, outside = msg.get("cpu_s"), msg.get("outside")
             self.samples[rank] = Sample(text, float(cpu) if isinstance(cpu, (int, float)) else None, time.monotonic(),
                                         outside if isinstance(outside, str) else None)
-            if self._recheck is None or rank not in self._recheck.before:  # a recheck's answer is for us alone
-                self.log(f"rank {rank} ({self._host_of(rank)}) is at:\n{_indent(text)}")
             for failure in self.failures:  # a rank that went silent: the dump comes after the failure
                 if failure.rank == rank and failure.exit is None and not failure.detail:
                     failure.detail = f"rank {rank} was at:\n{text}"
+                    return  # the report shows it there, under the failure
+            # A recheck's answer is for us alone, and one that comes after its stall has passed
+            # (the suspect joined) is stale: said, it showed stacks a second time
+            if rank in self._to_show:
+                self._to_show.discard(rank)
+                self.log(f"rank {rank} ({self._host_of(rank)}) is at:\n{_indent(text)}")
 
     def _on_trace(self, msg: dict[str, Any], peer: Peer) -> None:
         sender = str(msg.get("from"))
@@ -639,6 +645,7 @@ class Coordinator:
                  f"{' ...' if len(late) > 8 else ''}, not there yet: still starting (importing torch, loading "
                  f"data), or stuck before it")
         for r in late[:3]:
+            self._to_show.add(r)
             self.send_each("agent", protocol.STACKS, rank=r)
 
     def _host_of(self, rank: int) -> str:

@@ -254,6 +254,7 @@ def test_a_rank_stuck_holding_the_gil_is_shown_where_it_is() -> None:
     stuck = behave_line("ctypes.PyDLL(None).sleep(600)")
     assert f'behave.py", line {stuck}, in native_deadlock' in cause and "thread MainThread" in cause, cause
     assert "ctypes.PyDLL(None).sleep(600)" in cause  # the line's source, as a traceback shows it
+    assert job.stderr.count("in native_deadlock") == 1, job.stderr  # there, not in a line of its own before too
     assert "macfleet/" not in cause and "bootstrap.py" not in cause and "runpy" not in cause, cause
 
 
