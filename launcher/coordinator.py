@@ -72,8 +72,8 @@ class Coordinator:
         self.status: dict[int, dict[str, Any]] = {}  # rank -> its last heartbeat's progress report
         self._stall_reported: str | None = None
         self._next_exchange_note = 0.0  # when a long exchange may be mentioned again
-        self._held = False  # whether the ranks were told that one of them is in a debugger
-        self._hold_ended: float | None = None  # when the last debugging ended
+        self._held = False  # whether the ranks were told that one of them waits for a person (pdb, input())
+        self._hold_ended: float | None = None  # when the last such wait ended
         self.world_size, self.num_agents = world_size, num_agents
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.socket = ctx.socket(zmq.ROUTER)
@@ -232,15 +232,16 @@ class Coordinator:
             quiet = msg.get("quiet_s")
             self.status[int(sender[5:])] = {"progress": msg.get("progress"), "waiting": msg.get("waiting"),
                                             "quiet_s": float(quiet) if isinstance(quiet, (int, float)) else None,
-                                            "debugging": bool(msg.get("debugging")), "at": time.monotonic(),
+                                            "held": str(msg["held"])[:100] if isinstance(msg.get("held"), str)
+                                            else None, "at": time.monotonic(),
                                             "broken": _broken(msg.get("broken")),
                                             "ended": str(msg["ended"])[:300] if isinstance(msg.get("ended"), str)
                                             else None}
-            held = any(st.get("debugging") for r, st in self.status.items() if r not in self.exits)
-            if held != self._held:  # someone debugs a rank: the others' waits for it must not time out
+            held = any(st.get("held") for r, st in self.status.items() if r not in self.exits)
+            if held != self._held:  # someone debugs a rank, or it asks them: the others' waits must not time out
                 self._held = held
                 self._hold_ended = None if held else time.monotonic()
-                self._stall_reported = None  # a stall after the debugging is reported afresh
+                self._stall_reported = None  # a stall after it is reported afresh
                 self.send_each("rank", protocol.HOLD, on=held)
 
     def _waiting_for(self, now: float, longer_than: float = 0.0, but: int | None = None,
@@ -302,18 +303,19 @@ class Coordinator:
             return  # the last of them has just joined: their collective runs (a stall timeout on, they all waited)
         if any(self.status.get(r, {}).get("ended") for r in suspects):
             return  # its script ended by an exception: no stall, and _check_ended names it
-        if self._held:  # someone is stepping through a rank in pdb: the others wait for it, not for a hang
+        if self._held:  # a rank waits for a person (pdb, a prompt): the others wait for it, not for a hang
             if self._stall_reported is None:
-                debugged = [r for r in live if self.status.get(r, {}).get("debugging")]
-                names = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in debugged)
-                many = len(debugged) > 1
-                self._stall_reported = f"rank{'s' if many else ''} {names} {'are' if many else 'is'} in a debugger"
-                self.log(f"{self._stall_reported}{self._who_waits(waiting, len(debugged))}; no stall report while it "
-                         f"lasts")
+                reasons: dict[str, list[int]] = {}
+                for r in live:
+                    if self.status.get(r, {}).get("held"):
+                        reasons.setdefault(self.status[r]["held"], []).append(r)
+                self._stall_reported = "; ".join(f"{self._ranks_named(ranks)} {'are' if len(ranks) > 1 else 'is'} {why}"
+                                                 for why, ranks in reasons.items())
+                held = sum(len(ranks) for ranks in reasons.values())
+                self.log(f"{self._stall_reported}{self._who_waits(waiting, held)}; no stall report while it lasts")
             return
         if suspects:
-            names = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in suspects)
-            reason = (f"rank{'s' if len(suspects) > 1 else ''} {names} made no progress for over "
+            reason = (f"{self._ranks_named(suspects)} made no progress for over "
                       f"{self.stall_timeout_s:.0f} s{self._who_waits(waiting, len(suspects))}")
         elif len({(w.get("op"), w.get("id")) for w in waiting.values()}) > 1:
             # A backstop: ranks in different collectives learn it from the first message that
@@ -348,6 +350,10 @@ class Coordinator:
                               f"socket of the script's own, say: give --stall-timeout above that work's length, or "
                               f"--stall-action warn)")
             self.fail(Failure(time.time(), f"stalled: {reason}", suspect, detail="\n".join(detail)))
+
+    def _ranks_named(self, ranks: list[int]) -> str:
+        """'rank 1 (mini2)', 'ranks 0 (mini1), 2 (mini2)'."""
+        return f"rank{'s' if len(ranks) > 1 else ''} " + ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in ranks)
 
     def _working(self, suspects: list[int], now: float) -> bool:
         """Whether the stall's suspects are working rather than stuck: rank 0 validating alone

@@ -11,8 +11,9 @@ Flow of one job::
                                       data_addr, local_rank, device}   none for a Mac's later ranks)
     coord  -> worker        peers    {table}                           (once every rank registered)
     worker/agent -> coord   beat     {progress, waiting, quiet_s,      (every HEARTBEAT_S; a worker's
-                                      debugging}                       collective in progress, how long
-                                                                       since data reached it, pdb)
+                                      held}                            collective in progress, how long
+                                                                       since data reached it, why it
+                                                                       waits for a person: pdb, input())
     agent  -> coordinator   exit     {rank, pid, code, signal, error,  (per worker exit, once its last
                                       tail}                            lines are read)
     coord  -> agent 0       end      {}                                (every rank has exited: it may
@@ -39,7 +40,7 @@ Flow of one job::
     coord  -> agent         beat     {}                                (every HEARTBEAT_S: the launcher lives)
     coord  -> agent         stdin    {data, eof}                       (the launcher's stdin, for every rank)
     coord  -> everyone      abort    {reason, rank}                    (any failure, or Ctrl-C)
-    coord  -> worker        hold     {on}                              (a rank is in a debugger, or no
+    coord  -> worker        hold     {on}                              (a rank waits for a person, or no
                                                                        longer: waits for it have no deadline)
     coord  -> worker        stacks   {}                                (a stall names it: where is it?)
     worker -> coordinator   stacks   {rank, text, cpu_s, outside}      (its threads' stacks, its and its

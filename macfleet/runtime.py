@@ -439,7 +439,7 @@ class _ControlThread(threading.Thread):
                 self._send_timeline(TIMELINE_MESSAGES)
                 now = time.monotonic()
                 if now >= next_beat:
-                    self.client.send(protocol.BEAT, **self.status(), debugging=whereabouts.in_debugger())
+                    self.client.send(protocol.BEAT, **self.status(), held=whereabouts.held_by_user())
                     next_beat = now + protocol.HEARTBEAT_S
                     self._check_parent()
                 msg = self.client.recv(0.05)

@@ -8,11 +8,13 @@ or using the processor, on work done outside it: a download through Python's soc
 requests, a hub client), or a process it started (``curl``, ``aws s3 cp``), itself or through
 a thread of the script it waits for (a thread pool fetching a model's files). Those look stuck by
 stacks and processor time alike, and were aborted after twice the stall timeout; the
-collective timeout still bounds them.
+collective timeout still bounds them. A rank that waits for a person (in pdb, at a prompt of the
+script's) is no stall at all: the others wait for it as long as it takes.
 """
 
 from __future__ import annotations
 
+import builtins
 import os
 import resource
 import subprocess
@@ -76,6 +78,40 @@ def in_debugger() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def held_by_user() -> str | None:
+    """Why the script's main thread waits for a person, in words, or None: "in a debugger", or
+    "waiting for what you type" (``input()``, ``getpass``: a prompt on rank 0, for a choice or
+    a hub's token, while the others wait at a barrier). The others then wait for this rank as
+    long as it lasts, as under ``python`` with one process, rather than abort it as a stall."""
+    if in_debugger():
+        return "in a debugger"
+    frame = _main_frame()
+    for _ in range(INNERMOST):  # getpass reads the line itself: on a rank, which has no terminal, from stdin
+        if frame is None:
+            break
+        if frame.f_code is input.__code__ or frame.f_globals.get("__name__") == "getpass":
+            return "waiting for what you type"
+        frame = frame.f_back
+    return None
+
+
+_builtin_input = builtins.input
+
+
+def input(*prompt: object) -> str:  # noqa: A001 - it stands in for the builtin, under its name
+    """``input()`` as the script calls it on a rank (``watch_input``): the builtin has no Python
+    frame of its own, which ``held_by_user`` needs to see the main thread waiting in it."""
+    return _builtin_input(*prompt)
+
+
+def watch_input() -> None:
+    """Have the script's ``input()`` calls go through ``input`` above, for the rest of the process.
+    A wrapper rather than an audit hook (which sees the builtin's calls without one): a hook costs
+    1-2 us on every audited event of the process, some 140 a training step of the MNIST example
+    (``id()``, ``sys._getframe``). A traceback through a prompt (Ctrl-C at it) shows its frame."""
+    builtins.input = input
 
 
 def _main_frame() -> FrameType | None:

@@ -25,7 +25,7 @@ import traceback
 import types
 import warnings
 
-from macfleet import errorfile
+from macfleet import errorfile, whereabouts
 from macfleet.workers import dumps, leftovers
 
 
@@ -51,6 +51,7 @@ def main() -> None:
         _start_keeper(int(os.environ.pop("MACFLEET_AGENT_FD")))
     if os.environ.get("MACFLEET_STACKS_FILE"):  # where a rank that holds the GIL for good is (dumps.py)
         dumps.arm(os.environ["MACFLEET_STACKS_FILE"])
+    whereabouts.watch_input()  # a prompt of the script's, waiting for its user, is no stall
     # torch warns when it is imported where NumPy is not installed at all (torch does not need
     # it), and every rank printed the same two lines at every start. A script that does use
     # NumPy still gets torch's own error ("Numpy is not available"); a NumPy that is installed

@@ -1,17 +1,24 @@
 """Every rank stops in pdb at ``breakpoint()``, then reads a line with ``input()``, then reads
 on to the end of input: what the launcher's stdin says, each rank prints.
 
-``debugger.py wait``: rank 0 alone stops in pdb, while the others wait for it in a barrier.
+``debugger.py wait pdb``: rank 0 alone stops in pdb, while the others wait for it in a
+barrier; ``wait input`` and ``wait getpass``: it asks for a line instead.
 """
 
+import getpass
 import sys
 
 import macfleet
 
 macfleet.init()
-if sys.argv[1:] == ["wait"]:
+if sys.argv[1:2] == ["wait"]:
     if macfleet.rank() == 0:
-        breakpoint()  # noqa: T100 - the point of the test
+        if sys.argv[2] == "pdb":
+            breakpoint()  # noqa: T100 - the point of the test
+        elif sys.argv[2] == "input":
+            print(f"read {input('overwrite the checkpoint? [y/N] ')!r}", flush=True)
+        else:  # as a hub's login asks for a token; a rank has no terminal: getpass reads stdin
+            print(f"read {getpass.getpass('token: ')!r}", flush=True)
     macfleet.barrier()
     print("past the barrier", flush=True)
     macfleet.shutdown()
