@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 
+
 @dataclasses.dataclass(frozen=True)
 class Leftover:
     pid: int
@@ -41,9 +42,9 @@ def find(job_id: str, agent_pid: int, groups: set[int]) -> list[Leftover]:
 
 def stop(job_id: str, agent_pid: int, groups: set[int], grace_s: float) -> list[Leftover]:
     """SIGTERM each process ``find`` gives, SIGKILL those still there ``grace_s`` later (the
-    ranks' own grace: a service that uploads what it holds, as wandb's does, ends at SIGTERM
-    once it has); what was found. A process that has ended is no longer found, a zombie
-    included (it has no environment left), so the wait ends as soon as they all have."""
+    ranks' own grace, for a service to finish what it holds); what was found. A process that
+    has ended is no longer found, a zombie included (it has no environment left), so the wait
+    ends as soon as they all have."""
     found = find(job_id, agent_pid, groups)
     for sig in (signal.SIGTERM, signal.SIGCONT):  # a stopped process must wake up to end
         _signal(found, sig)
