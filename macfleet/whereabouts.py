@@ -5,8 +5,9 @@ A rank works if its stacks move between the two answers, or it uses the processo
 the processes it started (a ``multiprocessing`` pool preprocessing the data on rank 0 while the
 others wait at a barrier; ``tar`` unpacking it). Its main thread may also wait, without moving
 or using the processor, on work done outside it: a download through Python's sockets (urllib,
-requests, a hub client), or a process it started (``curl``, ``aws s3 cp``), itself or through
-a thread of the script it waits for (a thread pool fetching a model's files). Those look stuck by
+requests, a hub client; an asyncio loop's), or a process it started (``curl``, ``aws s3 cp``),
+itself or through a thread of the script it waits for (a thread pool fetching a model's files,
+fsspec's loop). Those look stuck by
 stacks and processor time alike, and were aborted after twice the stall timeout; the
 collective timeout still bounds them. A rank that waits for a person (in pdb, at a prompt of the
 script's) is no stall at all: the others wait for it as long as it takes.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import builtins
 import os
 import resource
+import stat
 import subprocess
 import sys
 import threading
@@ -35,7 +37,7 @@ CHILD_MODULES = ("subprocess",)
 # (a thread pool downloading the files of a model, as huggingface_hub's snapshot_download does),
 # a queue. Then that thread's waits are the rank's.
 THREAD_MODULES = ("threading", "queue")
-INNERMOST = 3  # frames looked at: subprocess's communicate reads through selectors' select
+INNERMOST = 3  # frames looked at: subprocess's communicate reads, and an asyncio loop waits, in selectors' select
 
 
 def stacks(frames_per_thread: int = 10, max_bytes: int = 12 << 10) -> str:
@@ -126,37 +128,61 @@ def waits_outside() -> str | None:
     innermost frames, so a read the script makes on a socket of its own (``sock.recv``, no
     library frame below it) is not seen."""
     frames = sys._current_frames()
-    main = frames.get(threading.main_thread().ident or 0)
-    waits = _innermost(main)
-    if waits not in THREAD_MODULES:
-        return _outside(waits)
+    waits = _waits_on(frames.get(threading.main_thread().ident or 0))
+    if waits != A_THREAD:
+        return waits
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.name.startswith("macfleet-"):
-            said = _outside(_innermost(frames.get(thread.ident or 0)))
-            if said is not None:
+            said = _waits_on(frames.get(thread.ident or 0))
+            if said not in (None, A_THREAD):
                 return f"{said}, in its thread {thread.name}"
     return None
 
 
-def _innermost(frame: FrameType | None) -> str | None:
-    """The module of the first of a thread's ``INNERMOST`` frames that tells what it waits on
-    (the network, a child, another thread), or None."""
+A_THREAD = "another thread"
+
+
+def _waits_on(frame: FrameType | None) -> str | None:
+    """What a thread waits on, from its ``INNERMOST`` frames: "the network", "a process it
+    started", ``A_THREAD``, or None (nothing outside, or nothing it shows)."""
     for _ in range(INNERMOST):
         if frame is None:
             break
         module = frame.f_globals.get("__name__")
-        if module in NETWORK_MODULES + CHILD_MODULES + THREAD_MODULES:
-            return module
+        if module in NETWORK_MODULES:
+            return "the network"
+        if module in CHILD_MODULES:
+            return "a process it started"
+        if module in THREAD_MODULES:
+            return A_THREAD
+        if module == "asyncio.base_events" and frame.f_code.co_name == "_run_once":
+            return _loop_waits_on(frame.f_locals.get("self"))
         frame = frame.f_back
     return None
 
 
-def _outside(module: str | None) -> str | None:
-    if module in NETWORK_MODULES:
-        return "the network"
-    if module in CHILD_MODULES:
-        return "a process it started"
-    return None
+def _loop_waits_on(loop: object) -> str | None:
+    """What an asyncio loop waiting in its selector waits on: "the network" where a socket is
+    registered besides the loop's own wake-up one (a download through aiohttp or httpx; fsspec
+    runs such a loop in a thread of its own, which the main thread waits for), "a process it
+    started" where a pipe is (``create_subprocess_exec``'s output), else ``A_THREAD`` (its
+    executor's threads, ``run_in_executor``). Another kind of loop (uvloop's): None."""
+    try:
+        own = loop._ssock.fileno()  # type: ignore[attr-defined]
+        fds = [key.fd for key in list(loop._selector.get_map().values())]  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - another loop's insides, or its map changed as it was read
+        return None
+    waits = A_THREAD
+    for fd in fds:
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue  # closed meanwhile
+        if fd != own and stat.S_ISSOCK(mode):
+            return "the network"
+        if stat.S_ISFIFO(mode):
+            waits = "a process it started"
+    return waits
 
 
 def processor_s() -> float:

@@ -1687,8 +1687,10 @@ def test_a_rank_s_processor_time_counts_a_grandchild_at_work_and_after() -> None
 
 def test_a_main_thread_waiting_on_a_download_of_its_own_or_of_a_thread_it_waits_for_is_seen() -> None:
     """A download on the main thread, or in a thread pool whose result the main thread waits
-    for (huggingface_hub's snapshot_download), waits on the network; a pool that computes or
-    sleeps does not (its stacks or processor time say whether it works)."""
+    for (huggingface_hub's snapshot_download), or through asyncio, waits on the network; a pool
+    or a loop that computes or sleeps does not (its stacks or processor time say whether it
+    works)."""
+    import asyncio
     import concurrent.futures
     import urllib.request
 
@@ -1723,6 +1725,32 @@ def test_a_main_thread_waiting_on_a_download_of_its_own_or_of_a_thread_it_waits_
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fetch") as pool:
         assert "the network, in its thread fetch_0" in seen_while(lambda: pool.submit(download, 1.0).result())
         assert seen_while(lambda: pool.submit(time.sleep, 0.5).result()) == {None}
+
+    # the same through asyncio (aiohttp, httpx): on the main thread's loop, and on a loop in a
+    # thread of its own that the main thread waits for (as fsspec runs one, for datasets' downloads)
+    async def adownload(seconds: float) -> None:
+        server = subprocess.Popen([sys.executable, str(BIN / "trickle.py"), str(seconds)], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", int(server.stdout.readline()))
+            writer.write(b"GET / HTTP/1.0\r\n\r\n")
+            await reader.read()
+            writer.close()
+        finally:
+            server.wait(30)
+
+    assert "the network" in seen_while(lambda: asyncio.run(adownload(1.0)))
+    loop = asyncio.new_event_loop()
+    io_thread = threading.Thread(target=loop.run_forever, name="fsspecIO")
+    io_thread.start()
+    try:
+        fetch = seen_while(lambda: asyncio.run_coroutine_threadsafe(adownload(1.0), loop).result())
+        assert "the network, in its thread fsspecIO" in fetch, fetch
+        assert seen_while(lambda: asyncio.run_coroutine_threadsafe(asyncio.sleep(0.5), loop).result()) == {None}
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        io_thread.join()
+        loop.close()
 
 
 # -- every rank wraps the same model ----------------------------------------------------------
