@@ -7,10 +7,10 @@ others wait at a barrier; ``tar`` unpacking it). Its main thread may also wait, 
 or using the processor, on work done outside it: a download through Python's sockets (urllib,
 requests, a hub client; an asyncio loop's), or a process it started (``curl``, ``aws s3 cp``),
 itself or through a thread of the script it waits for (a thread pool fetching a model's files,
-fsspec's loop). Those look stuck by
-stacks and processor time alike, and were aborted after twice the stall timeout; the
-collective timeout still bounds them. A rank that waits for a person (in pdb, at a prompt of the
-script's) is no stall at all: the others wait for it as long as it takes.
+fsspec's loop). Those look stuck by stacks and processor time alike, and were aborted after
+twice the stall timeout; the collective timeout still bounds them. A rank that waits for a
+person (in pdb, at a prompt of the script's) is no stall at all: the others wait for it as long
+as it takes.
 """
 
 from __future__ import annotations
