@@ -5,12 +5,12 @@ A rank works if its stacks move between the two answers, or it uses the processo
 the processes it started (a ``multiprocessing`` pool preprocessing the data on rank 0 while the
 others wait at a barrier; ``tar`` unpacking it). Its main thread may also wait, without moving
 or using the processor, on work done outside it: a download through Python's sockets (urllib,
-requests, a hub client; an asyncio loop's), or a process it started (``curl``, ``aws s3 cp``),
-itself or through a thread of the script it waits for (a thread pool fetching a model's files,
-fsspec's loop). Those look stuck by stacks and processor time alike, and were aborted after
-twice the stall timeout; the collective timeout still bounds them. A rank that waits for a
-person (in pdb, at a prompt of the script's) is no stall at all: the others wait for it as long
-as it takes.
+requests, a hub client; an asyncio loop's), a process it started (``curl``, ``aws s3 cp``), or
+a disk (``torch.save`` of a checkpoint to a NAS), itself or through a thread of the script it
+waits for (a thread pool fetching a model's files, fsspec's loop). Those look stuck by stacks
+and processor time alike, and were aborted after twice the stall timeout; the collective
+timeout still bounds them. A rank that waits for a person (in pdb, at a prompt of the script's)
+is no stall at all: the others wait for it as long as it takes.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ from macfleet.commands import starts_script
 # (through ``selectors`` where it reads the child's output).
 NETWORK_MODULES = ("socket", "ssl", "http.client")
 CHILD_MODULES = ("subprocess",)
+# ... and that it reads or writes a file in one long call: a checkpoint saved or loaded (torch's
+# writer and safetensors' are native code, under their Python callers), a data set copied. On a
+# disk that is slow (a NAS over Wi-Fi) such a call lasts minutes, and uses next to no processor.
+DISK_MODULES = ("torch.serialization", "safetensors.torch", "shutil")
 # ... and that it waits for another thread of the script: ``join()``, a future's ``result()``
 # (a thread pool downloading the files of a model, as huggingface_hub's snapshot_download does),
 # a queue. Then that thread's waits are the rank's.
@@ -144,7 +148,7 @@ A_THREAD = "another thread"
 
 def _waits_on(frame: FrameType | None) -> str | None:
     """What a thread waits on, from its ``INNERMOST`` frames: "the network", "a process it
-    started", ``A_THREAD``, or None (nothing outside, or nothing it shows)."""
+    started", "the disk", ``A_THREAD``, or None (nothing outside, or nothing it shows)."""
     for _ in range(INNERMOST):
         if frame is None:
             break
@@ -153,6 +157,8 @@ def _waits_on(frame: FrameType | None) -> str | None:
             return "the network"
         if module in CHILD_MODULES:
             return "a process it started"
+        if module in DISK_MODULES:
+            return "the disk"
         if module in THREAD_MODULES:
             return A_THREAD
         if module == "asyncio.base_events" and frame.f_code.co_name == "_run_once":

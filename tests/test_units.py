@@ -1685,11 +1685,11 @@ def test_a_rank_s_processor_time_counts_a_grandchild_at_work_and_after() -> None
 
 
 
-def test_a_main_thread_waiting_on_a_download_of_its_own_or_of_a_thread_it_waits_for_is_seen() -> None:
+def test_a_main_thread_waiting_on_a_download_of_its_own_or_of_a_thread_it_waits_for_is_seen(tmp_path) -> None:
     """A download on the main thread, or in a thread pool whose result the main thread waits
     for (huggingface_hub's snapshot_download), or through asyncio, waits on the network; a pool
     or a loop that computes or sleeps does not (its stacks or processor time say whether it
-    works)."""
+    works). A checkpoint written to a slow disk waits on the disk."""
     import asyncio
     import concurrent.futures
     import urllib.request
@@ -1738,6 +1738,22 @@ def test_a_main_thread_waiting_on_a_download_of_its_own_or_of_a_thread_it_waits_
             writer.close()
         finally:
             server.wait(30)
+
+    # a checkpoint saved to a slow disk (a NAS over Wi-Fi): here a FIFO that a thread drains slowly
+    fifo = tmp_path / "nas"
+    os.mkfifo(fifo)
+
+    def drain() -> None:
+        with open(fifo, "rb", buffering=0) as nas:
+            while nas.read(1 << 16):
+                time.sleep(0.01)  # the slow disk's pace, not a synchronisation
+
+    drainer = threading.Thread(target=drain)
+    drainer.start()
+    try:
+        assert "the disk" in seen_while(lambda: torch.save(torch.zeros(2 << 20), str(fifo)))
+    finally:
+        drainer.join()
 
     assert "the network" in seen_while(lambda: asyncio.run(adownload(1.0)))
     loop = asyncio.new_event_loop()
