@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from types import FrameType
 
 from macfleet.commands import starts_script
@@ -70,15 +71,15 @@ def stacks(frames_per_thread: int = 10, max_bytes: int = 12 << 10) -> str:
     return text.decode() if len(text) <= max_bytes else text[:max_bytes].decode(errors="ignore") + "\n..."
 
 
-def in_debugger() -> bool:
-    """Whether the script's main thread is stopped in pdb (or stepping under it): the others
-    then wait for this rank for as long as someone debugs it, which the launcher's stall report
-    must not take for a hang. ``breakpoint()`` sets bdb's trace function on every frame of the
-    stack it stops in; a profiler's or coverage's tracer is not bdb's."""
+def in_debugger(frame: FrameType | None) -> bool:
+    """Whether the thread whose innermost frame is ``frame`` is stopped in pdb (or stepping
+    under it): the others then wait for this rank for as long as someone debugs it, which the
+    launcher's stall report must not take for a hang. ``breakpoint()`` sets bdb's trace
+    function on every frame of the stack it stops in; a profiler's or coverage's tracer is not
+    bdb's."""
     bdb = sys.modules.get("bdb")
     if bdb is None:
         return False
-    frame = _main_frame()
     while frame is not None:
         if isinstance(getattr(frame.f_trace, "__self__", None), bdb.Bdb):
             return True
@@ -91,15 +92,12 @@ def held_by_user() -> str | None:
     "waiting for what you type" (``input()``, ``getpass``: a prompt on rank 0, for a choice or
     a hub's token, while the others wait at a barrier). The others then wait for this rank as
     long as it lasts, as under ``python`` with one process, rather than abort it as a stall."""
-    if in_debugger():
+    main = _main_frame()
+    if in_debugger(main):
         return "in a debugger"
-    frame = _main_frame()
-    for _ in range(INNERMOST):  # getpass reads the line itself: on a rank, which has no terminal, from stdin
-        if frame is None:
-            break
+    for frame in _innermost(main):  # getpass reads the line itself: on a rank, which has no terminal, from stdin
         if frame.f_code is input.__code__ or frame.f_globals.get("__name__") == "getpass":
             return "waiting for what you type"
-        frame = frame.f_back
     return None
 
 
@@ -150,9 +148,7 @@ A_THREAD = "another thread"
 def _waits_on(frame: FrameType | None) -> str | None:
     """What a thread waits on, from its ``INNERMOST`` frames: "the network", "a process it
     started", "the disk", ``A_THREAD``, or None (nothing outside, or nothing it shows)."""
-    for _ in range(INNERMOST):
-        if frame is None:
-            break
+    for frame in _innermost(frame):
         module = frame.f_globals.get("__name__")
         if module in NETWORK_MODULES:
             return "the network"
@@ -164,8 +160,16 @@ def _waits_on(frame: FrameType | None) -> str | None:
             return A_THREAD
         if module == "asyncio.base_events" and frame.f_code.co_name == "_run_once":
             return _loop_waits_on(frame.f_locals.get("self"))
-        frame = frame.f_back
     return None
+
+
+def _innermost(frame: FrameType | None) -> Iterator[FrameType]:
+    """A thread's ``INNERMOST`` frames, from ``frame`` (its innermost) outwards."""
+    for _ in range(INNERMOST):
+        if frame is None:
+            return
+        yield frame
+        frame = frame.f_back
 
 
 def _loop_waits_on(loop: object) -> str | None:
@@ -228,7 +232,7 @@ def proc_table() -> dict[int, tuple[int, float]]:
     Python every such wait lasts up to its 5 ms switch interval (116 processes: 1.3-1.6 s, and
     a rank that answered that late was taken for stuck; ``cat``: 55-60 ms)."""
     tick, table = os.sysconf("SC_CLK_TCK"), {}
-    for line in _output(["sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null"]).splitlines():
+    for line in output_of(["sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null"]).splitlines():
         pid, _, after = line.partition(" ")
         fields = after.rpartition(")")[2].split()  # after the command's name, which may hold spaces
         try:
@@ -241,18 +245,19 @@ def proc_table() -> dict[int, tuple[int, float]]:
 def ps_table() -> dict[int, tuple[int, float]]:
     """The same from ``ps``, on macOS (which has no /proc)."""
     table = {}
-    for line in _output(["ps", "-A", "-o", "pid=,ppid=,time="]).splitlines():
+    for line in output_of(["ps", "-A", "-o", "pid=,ppid=,time="]).splitlines():
         fields = line.split()
         if len(fields) == 3 and fields[0].isdigit() and fields[1].isdigit():
             table[int(fields[0])] = (int(fields[1]), ps_time_s(fields[2]))
     return table
 
 
-def _output(command: list[str]) -> str:
+def output_of(command: list[str]) -> str:
     """What ``command`` prints, whatever its exit status (``cat`` fails on a process that ended
-    meanwhile, having printed the rest); empty where it cannot be run."""
+    meanwhile, having printed the rest); empty where it cannot be run. Bytes that are not UTF-8
+    (an environment ``ps`` shows) are replaced."""
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=5).stdout
+        return subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=5).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import subprocess
 import sys
 import time
+
+from macfleet.whereabouts import output_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +73,4 @@ PS_ENVIRONMENT = "-E" if sys.platform == "darwin" else "e"
 
 def _ps_with_environment() -> str:
     """Every process's pid, process group and command line followed by its environment."""
-    try:
-        return subprocess.run(["ps", "-A", PS_ENVIRONMENT, "-ww", "-o", "pid=,pgid=,command="], capture_output=True,
-                              text=True, errors="replace", timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
+    return output_of(["ps", "-A", PS_ENVIRONMENT, "-ww", "-o", "pid=,pgid=,command="])
