@@ -6,6 +6,8 @@ elsewhere: a DDP or Horovod script moved to Macs, a CUDA call kept, a checkpoint
 
 from __future__ import annotations
 
+import re
+
 from macfleet.protocol import FAILED_HERE, STOOD_BY, WorkerExit
 
 
@@ -17,7 +19,7 @@ def after_exit(exit_: WorkerExit) -> list[str]:
 def after_error(error: dict, host: str) -> list[str]:
     """What the exception a rank raised (its error file, on ``host``) says."""
     return (_missing_module_hint(error, host) + _device_memory_hint(error, host) + _process_group_hint(error)
-            + _no_cuda_hint(error, host) + _timeout_hint(error) + _rendezvous_hint(error))
+            + _no_cuda_hint(error, host) + _gloo_on_mps_hint(error) + _timeout_hint(error) + _rendezvous_hint(error))
 
 
 def after_parting(exits: dict[int, WorkerExit], in_different_collectives: bool) -> list[str]:
@@ -145,6 +147,27 @@ def _no_cuda_hint(error: dict, host: str) -> list[str]:
     return [f"  {host} has no CUDA (a Mac's GPU is mps): put the model and tensors on macfleet.device(), the GPU this "
             f"rank drives (mps, cuda or cpu, whichever its host has), in place of .cuda(), device=\"cuda\" and "
             f"torch.cuda.set_device(local_rank)"]
+
+
+# What torch raises for a Mac's GPU tensor given to torch.distributed, which has no backend for
+# mps: gloo's check of a tensor's device (torch 2.4's DDP on mps: "ProcessGroupGloo::allgather:
+# invalid tensor type at index 0 (expected ... device=cpu ..., got ... device=mps:0 ..."), or
+# c10d's lookup of a backend for the device, where init_process_group("gloo") registered cpu and
+# cuda only.
+GLOO_ON_MPS = (re.compile(r"ProcessGroupGloo::\w+: .*(device=mps|device type mps)"),
+               re.compile(r"No backend type associated with device type mps\b"))
+
+
+def _gloo_on_mps_hint(error: dict) -> list[str]:
+    """A DDP script moved to Macs that kept torch.distributed and put its model on the Mac's
+    GPU: the first thing most try, and torch's message names gloo's tensor types, not what runs
+    on mps instead."""
+    message = str(error.get("message"))
+    if not any(pattern.search(message) for pattern in GLOO_ON_MPS):
+        return []
+    return ["  torch.distributed has no backend for a Mac's GPU (gloo takes CPU tensors only): train on mps with "
+            "macfleet.init() and macfleet.DataParallel(model), which takes DDP's options (the README's table has "
+            "each call), or keep DDP on gloo with the model and tensors on the CPU"]
 
 
 def _join_hint(exits: dict[int, WorkerExit]) -> list[str]:

@@ -1489,6 +1489,30 @@ def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfl
     assert not any(hint in other for hint in ("use macfleet.DistributedSampler", "init() does not set up")), other
 
 
+def test_a_ddp_script_with_its_model_on_a_mac_s_gpu_is_answered_with_macfleet_dataparallel(tmp_path) -> None:
+    """torch.distributed has no backend for mps, and a DDP script moved to Macs with its model
+    on the GPU fails in gloo's check of the tensor's device or in c10d's lookup of a backend for
+    it; neither message says what runs on mps. torch raises them only on a Mac: the texts are
+    torch's, as a Mac printed them (DDP on torch 2.4, ultralytics pull request 15701) and as
+    c10d words them (ProcessGroup.hpp's getBackend)."""
+    def report(message: str) -> str:
+        def raised() -> None:
+            raise RuntimeError(message)
+        return report_of_raised(raised, tmp_path / "error.json")
+
+    options = ("TensorOptions(dtype=long long, device={}, layout=Strided, requires_grad=false (default), "
+               "pinned_memory=false (default), memory_format=(nullopt))")
+    ddp = (f"ProcessGroupGloo::allgather: invalid tensor type at index 0 (expected {options.format('cpu')}, "
+           f"got {options.format('mps:0')})")
+    hint = "torch.distributed has no backend for a Mac's GPU (gloo takes CPU tensors only): train on mps with"
+    for message in (ddp, "No backend type associated with device type mps",
+                    "ProcessGroupGloo::allreduce: unsupported device type mps"):
+        said = report(message)
+        assert hint in said and "macfleet.DataParallel(model), which takes DDP's options" in said, said
+    for other in (ddp.replace("mps:0", "meta"), "No backend type associated with device type npu"):
+        assert hint not in report(other), other
+
+
 def nn_module_attribute(name: str) -> object:
     """An attribute a module lacks: AttributeError("'Linear' object has no attribute ...")."""
     return getattr(torch.nn.Linear(1, 1), name)
