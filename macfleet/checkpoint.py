@@ -5,14 +5,18 @@ step, epoch, the sampler's position and the RNG state of every generator of ever
 device, Python), so a restarted job continues exactly where it stopped. Rank 0 writes it
 atomically: to a temporary file, fsync'd, then renamed over the old one, so a crash during a
 save leaves the previous checkpoint whole.
-``load`` reads the file on rank 0 and broadcasts it, so other hosts need no shared disk.
+``load`` reads the file on rank 0 and broadcasts it, so other hosts need no shared disk. It
+unpickles tensors and plain Python values only, as ``torch.load`` does by default since torch 2.6,
+so that a checkpoint from elsewhere cannot run code on every rank of the job.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import pickle
 import random
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +32,10 @@ from macfleet.parallel import DataParallel
 
 FORMAT = "macfleet-checkpoint"
 VERSION = 1
+# How torch names what ``torch.load(weights_only=True)`` refuses to make: "Unsupported global:
+# GLOBAL argparse.Namespace was not an allowed global ...", "... unsupported GLOBAL posix.mkdir
+# whose module posix is blocked".
+REFUSED_GLOBAL = re.compile(r"\bGLOBAL ([\w.]+)")
 
 
 @dataclass
@@ -45,12 +53,14 @@ def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
     learning-rate scheduler, without which a resumed run would start its schedule over;
     ``scaler``: its ``torch.amp.GradScaler`` (float16 autocast), whose scale would start over
     (anything with ``state_dict`` and ``load_state_dict`` will do for either). ``extra``:
-    anything else to keep (``Checkpoint.extra`` at the load)."""
+    anything else to keep (``Checkpoint.extra`` at the load); plain values and tensors load as
+    they are, anything else only with ``load(..., weights_only=False)`` (rank 0 says so)."""
     stateful = _stateful(scheduler=scheduler, scaler=scaler)
     with rt.on_behalf_of("checkpoint.save"):
         states = _gather_rng_states()
     if rt.rank() != 0:
         return
+    _warn_of_code_in(extra)
     state = {
         "format": FORMAT, "version": VERSION, "world_size": rt.world_size(),
         "model": _unwrap(model).state_dict(),
@@ -87,8 +97,12 @@ def atomic_save(state: dict[str, Any], path: str) -> None:
 
 
 def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, sampler: Any = None,
-         scheduler: Any = None, scaler: Any = None) -> Checkpoint:
+         scheduler: Any = None, scaler: Any = None, *, weights_only: bool = True) -> Checkpoint:
     """Collective: restore what ``save`` wrote; raise ``ConfigError`` (one line) if it does not fit.
+
+    ``weights_only``: as ``torch.load``'s. False also makes what ``extra`` held that is not a
+    tensor or a plain value (an ``argparse.Namespace``), which unpickling does by running code
+    the file names: only for a file you trust.
 
     A checkpoint of a job with another number of ranks (a Mac gone, or one added) loads too:
     model, optimizer, step, epoch and the sampler's place in the epoch resume, but each rank's
@@ -96,7 +110,7 @@ def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
     was never interrupted (rank 0 says so)."""
     stateful = _stateful(scheduler=scheduler, scaler=scaler)
     with rt.on_behalf_of("checkpoint.load"):
-        state = _read_on_rank0_and_broadcast(path)
+        state = _read_on_rank0_and_broadcast(path, weights_only)
     saved_world = state.get("world_size")
     _load_model(path, _unwrap(model), state["model"])
     if optimizer is not None:
@@ -137,7 +151,36 @@ def _stateful(**given: Any) -> dict[str, Any]:
     return {name: value for name, value in given.items() if value is not None}
 
 
-def _read_on_rank0_and_broadcast(path: str) -> dict[str, Any]:
+_warned: set[str] = set()  # the keys already warned of: once a run, not at every save
+
+
+def _warn_of_code_in(extra: dict[str, Any]) -> None:
+    """Say at the save, not at the load that resumes a crashed run, which of ``extra``'s values
+    ``load`` makes only with ``weights_only=False``. Each is pickled and read back: extra holds
+    a script's few values (a history, its arguments), and torch's own reader is the judge."""
+    for key, value in extra.items():
+        refused = None if key in _warned else _refused_type(value)
+        if refused is not None:
+            _warned.add(key)
+            print(f"macfleet: checkpoint.save: {key}= holds an object that only code can make ({refused}): "
+                  f"checkpoint.load reads it only with weights_only=False, as torch.load does (unpickling runs the "
+                  f"code that the file names); keep plain values (vars(args) for an argparse.Namespace) and it loads "
+                  f"as it is", file=sys.stderr, flush=True)
+
+
+def _refused_type(value: Any) -> str | None:
+    """What in ``value`` ``torch.load(weights_only=True)`` refuses to make, as torch names it."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    try:
+        torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    except pickle.UnpicklingError as exc:
+        named = REFUSED_GLOBAL.search(str(exc))
+        return named.group(1) if named else "a type torch does not name"
+    return None
+
+
+def _read_on_rank0_and_broadcast(path: str, weights_only: bool) -> dict[str, Any]:
     blob: bytes | None = b""
     error = ""
     if rt.rank() == 0:
@@ -152,8 +195,13 @@ def _read_on_rank0_and_broadcast(path: str) -> dict[str, Any]:
         assert reason is not None  # bytes from rank 0, never None
         raise ConfigError(reason.decode(errors="replace"))
     try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
     except Exception as exc:  # torch raises many kinds for a truncated or foreign file
+        refused = REFUSED_GLOBAL.search(str(exc)) if weights_only else None
+        if refused:
+            raise ConfigError(f"{path} holds an object that only code can make ({refused.group(1)}), and unpickling "
+                              f"runs the code that the file names: checkpoint.load(..., weights_only=False) reads it, "
+                              f"as torch.load does, for a file you trust (your own run's)") from None
         raise ConfigError(f"{path} is not a readable checkpoint (corrupt or truncated?): {type(exc).__name__}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ConfigError(f"{path} is not a macfleet checkpoint")

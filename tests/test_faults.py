@@ -636,6 +636,50 @@ def test_a_bad_checkpoint_is_a_one_line_error(tmp_path) -> None:
         macfleet.checkpoint.load(str(tmp_path / "missing.pt"), nn.Linear(4, 2))
 
 
+class MakesADirectory:
+    """An object whose unpickling runs code: os.mkdir of ``path``, the harmless stand-in for
+    what a checkpoint from elsewhere could run."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return os.mkdir, (self.path,)
+
+
+def test_a_checkpoint_runs_no_code_when_loaded_unless_trusted(tmp_path, capsys) -> None:
+    """load unpickled with weights_only=False, so a checkpoint from elsewhere (a shared fine-tune
+    to resume from) ran whatever code it named, on every rank. Now it reads tensors and plain
+    values only, as torch.load does by default, and says how to read a file of one's own that
+    holds more. save says so at the first save, not at the load that resumes a crashed run."""
+    import argparse
+
+    import macfleet
+
+    ran = tmp_path / "ran"
+    path = str(tmp_path / "ck.pt")
+    macfleet.checkpoint.save(path, nn.Linear(4, 2), step=3, history=[{"loss": 0.5}], planted=MakesADirectory(str(ran)))
+    warned = capsys.readouterr().err
+    assert "planted= holds an object that only code can make (posix.mkdir)" in warned, warned
+    assert "history=" not in warned, warned
+    with pytest.raises(macfleet.ConfigError, match=r"holds an object that only code can make \(posix.mkdir\).*"
+                                                   r"weights_only=False"):
+        macfleet.checkpoint.load(path, nn.Linear(4, 2))
+    assert not ran.exists()
+    macfleet.checkpoint.load(path, nn.Linear(4, 2), weights_only=False)  # trusted: torch.load's way
+    assert ran.is_dir()
+
+    args = argparse.Namespace(lr=0.1)
+    macfleet.checkpoint.save(path, nn.Linear(4, 2), step=4, history=[{"loss": 0.25}], args=args)
+    assert "args= holds an object that only code can make (argparse.Namespace)" in capsys.readouterr().err
+    macfleet.checkpoint.save(path, nn.Linear(4, 2), step=5, history=[{"loss": 0.25}], args=args)
+    assert "args=" not in capsys.readouterr().err  # once a run
+    assert macfleet.checkpoint.load(path, nn.Linear(4, 2), weights_only=False).extra["args"] == args
+    macfleet.checkpoint.save(path, nn.Linear(4, 2), step=6, history=[{"loss": 0.125}], args=vars(args))
+    loaded = macfleet.checkpoint.load(path, nn.Linear(4, 2))
+    assert (loaded.step, loaded.extra) == (6, {"history": [{"loss": 0.125}], "args": {"lr": 0.1}})
+
+
 def test_a_checkpoint_loads_however_the_model_is_wrapped(tmp_path) -> None:
     """Saved from torch.compile(DataParallel(net)), it loads into DataParallel(torch.compile(net))
     and into the bare model: a run resumed with compile switched on or off. Only the wrappers
