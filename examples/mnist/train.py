@@ -56,7 +56,8 @@ parser.add_argument("--shares", default=None, help="each rank's part of every st
                     "three times as fast: its batch is --batch-size x 3 and its shard of the data three times as large "
                     "(default: the hostfile's share= of each host)")
 parser.add_argument("--epochs", type=positive, default=15)
-parser.add_argument("--lr", type=rate, default=2e-3, help="Adam learning rate")
+parser.add_argument("--lr", type=rate, default=2e-3, help="Adam learning rate of the first epoch; it falls to 0 "
+                    "over the epochs on a cosine")
 parser.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
 parser.add_argument("--device", default=None, choices=["auto", "mps", "cuda", "cpu"],
                     help="default: the launcher's choice")
@@ -150,6 +151,7 @@ class Net(nn.Module):
 # gradients are averaged over all ranks in backward()
 model = macfleet.DataParallel(Net().to(device), shares=shares, compression=args.compression)
 optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)  # stepped once an epoch
 use_amp = args.amp and autocast_supported(device)
 if args.amp and not use_amp:
     log("--amp: this torch/macOS has no bf16 autocast on MPS; training in float32")
@@ -186,7 +188,7 @@ if checkpoint_path and (args.resume or restarted):
     # rank 0 decides: the other hosts may not see rank 0's disk
     found = macfleet.broadcast(torch.tensor([int(master and os.path.exists(checkpoint_path))]))
     if found.item():
-        state = macfleet.checkpoint.load(checkpoint_path, model, optimizer, sampler)
+        state = macfleet.checkpoint.load(checkpoint_path, model, optimizer, sampler, scheduler)
         start_epoch, step, history = state.epoch, state.step, state.extra.get("history", [])
         before = state.extra.get("epoch_so_far", before)
         log(f"resumed from {checkpoint_path}: epoch {start_epoch + 1}, step {step}")
@@ -220,11 +222,13 @@ for epoch in range(start_epoch, args.epochs):
             so_far = {"loss": before["loss"] + loss_sum(total_loss), "steps": before["steps"] + steps,
                       "seconds": before["seconds"] + time.perf_counter() - started}
             macfleet.checkpoint.save(checkpoint_path, model, optimizer, step=step, epoch=epoch, sampler=sampler,
-                                     sampler_consumed=consumed, history=history, epoch_so_far=so_far)
+                                     sampler_consumed=consumed, scheduler=scheduler, history=history,
+                                     epoch_so_far=so_far)
     steps_done = before["steps"] + steps
     seconds = before["seconds"] + time.perf_counter() - started
     mean_loss = (before["loss"] + loss_sum(total_loss)) / max(steps_done, 1)
     before = NONE_BEFORE  # the next epoch starts whole
+    scheduler.step()
     accuracy = evaluate()
     samples_per_s = steps_done * args.batch_size * sum(shares) / seconds
     history.append({"epoch": epoch + 1, "loss": mean_loss, "test_accuracy": accuracy,
@@ -238,7 +242,7 @@ for epoch in range(start_epoch, args.epochs):
     if checkpoint_path:
         sampler.set_epoch(epoch + 1)  # the checkpoint resumes at the start of the next epoch
         macfleet.checkpoint.save(checkpoint_path, model, optimizer, step=step, epoch=epoch + 1, sampler=sampler,
-                                 history=history)
+                                 scheduler=scheduler, history=history)
 
 # -----------------------------------------------------------------------------
 # results
