@@ -173,5 +173,6 @@ class Join:
                     torch.save(optimizer.state_dict(), buffer)
                     blob = buffer.getvalue()
                 data = broadcast_bytes(blob, source, name="optimizer state")
-                if model.runtime.rank != source and data is not None:
-                    optimizer.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=False))
+                if model.runtime.rank != source and data is not None:  # tensors and plain values only: bytes
+                    # off the network make nothing that runs code (an optimizer's state is no more)
+                    optimizer.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
