@@ -153,9 +153,11 @@ def _no_cuda_hint(error: dict, host: str) -> list[str]:
 # mps: gloo's check of a tensor's device (torch 2.4's DDP on mps: "ProcessGroupGloo::allgather:
 # invalid tensor type at index 0 (expected ... device=cpu ..., got ... device=mps:0 ..."), or
 # c10d's lookup of a backend for the device, where init_process_group("gloo") registered cpu and
-# cuda only.
+# cuda only; and init_process_group() without a backend on a Mac, in the torch releases before
+# mps was mapped to gloo (torch issue 149537, on torch 2.6).
 GLOO_ON_MPS = (re.compile(r"ProcessGroupGloo::\w+: .*(device=mps|device type mps)"),
-               re.compile(r"No backend type associated with device type mps\b"))
+               re.compile(r"No backend type associated with device type mps\b"),
+               re.compile(r"We detected accelerator mps on your machine"))
 
 
 def _gloo_on_mps_hint(error: dict) -> list[str]:
@@ -167,7 +169,7 @@ def _gloo_on_mps_hint(error: dict) -> list[str]:
         return []
     return ["  torch.distributed has no backend for a Mac's GPU (gloo takes CPU tensors only): train on mps with "
             "macfleet.init() and macfleet.DataParallel(model), which takes DDP's options (the README's table has "
-            "each call), or keep DDP on gloo with the model and tensors on the CPU"]
+            "each call), or keep DDP on init_process_group(\"gloo\") with the model and tensors on the CPU"]
 
 
 def _join_hint(exits: dict[int, WorkerExit]) -> list[str]:

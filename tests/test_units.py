@@ -1492,9 +1492,10 @@ def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfl
 def test_a_ddp_script_with_its_model_on_a_mac_s_gpu_is_answered_with_macfleet_dataparallel(tmp_path) -> None:
     """torch.distributed has no backend for mps, and a DDP script moved to Macs with its model
     on the GPU fails in gloo's check of the tensor's device or in c10d's lookup of a backend for
-    it; neither message says what runs on mps. torch raises them only on a Mac: the texts are
-    torch's, as a Mac printed them (DDP on torch 2.4, ultralytics pull request 15701) and as
-    c10d words them (ProcessGroup.hpp's getBackend)."""
+    it (or, on torch 2.6, in init_process_group() without a backend); no message says what
+    runs on mps. torch raises them only on a Mac: the texts are torch's, as a Mac printed them
+    (DDP on torch 2.4, ultralytics pull request 15701; torch issue 149537) and as c10d words
+    them (ProcessGroup.hpp's getBackend)."""
     def report(message: str) -> str:
         def raised() -> None:
             raise RuntimeError(message)
@@ -1505,8 +1506,10 @@ def test_a_ddp_script_with_its_model_on_a_mac_s_gpu_is_answered_with_macfleet_da
     ddp = (f"ProcessGroupGloo::allgather: invalid tensor type at index 0 (expected {options.format('cpu')}, "
            f"got {options.format('mps:0')})")
     hint = "torch.distributed has no backend for a Mac's GPU (gloo takes CPU tensors only): train on mps with"
+    unnamed = ("We detected accelerator mps on your machine. But we don't know which communication backend to use "
+               "for this accelerator. Please specify the `backend` argument in the `init_process_group` call.")
     for message in (ddp, "No backend type associated with device type mps",
-                    "ProcessGroupGloo::allreduce: unsupported device type mps"):
+                    "ProcessGroupGloo::allreduce: unsupported device type mps", unnamed):
         said = report(message)
         assert hint in said and "macfleet.DataParallel(model), which takes DDP's options" in said, said
     for other in (ddp.replace("mps:0", "meta"), "No backend type associated with device type npu"):
