@@ -5,9 +5,9 @@ step, epoch, the sampler's position and the RNG state of every generator of ever
 device, Python), so a restarted job continues exactly where it stopped. Rank 0 writes it
 atomically: to a temporary file, fsync'd, then renamed over the old one, so a crash during a
 save leaves the previous checkpoint whole.
-``load`` reads the file on rank 0 and broadcasts it, so other hosts need no shared disk. It
-unpickles tensors and plain Python values only, as ``torch.load`` does by default since torch 2.6,
-so that a checkpoint from elsewhere cannot run code on every rank of the job.
+``load`` reads the file on rank 0 and broadcasts it, so other hosts need no shared disk. From
+torch 2.6 on it unpickles tensors and plain Python values only, as ``torch.load`` does by
+default there, so that a checkpoint from elsewhere cannot run code on every rank of the job.
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ FORMAT = "macfleet-checkpoint"
 VERSION = 1
 # How torch names what ``torch.load(weights_only=True)`` refuses to make: "Unsupported global:
 # GLOBAL argparse.Namespace was not an allowed global ...", "... unsupported GLOBAL posix.mkdir
-# whose module posix is blocked".
-REFUSED_GLOBAL = re.compile(r"\bGLOBAL ([\w.]+)")
+# whose module posix is blocked", and before torch 2.4 "Unsupported class argparse.Namespace".
+REFUSED_GLOBAL = re.compile(r"(?:\bGLOBAL|Unsupported class) ([\w.]+)")
+# torch.load reads tensors and plain values only unless told otherwise from torch 2.6 on; before,
+# its own state dicts were not all such values (OneCycleLR's held a bound method in torch 2.1).
+WEIGHTS_ONLY_BY_DEFAULT = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 6)
 
 
 @dataclass
@@ -54,7 +57,8 @@ def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
     ``scaler``: its ``torch.amp.GradScaler`` (float16 autocast), whose scale would start over
     (anything with ``state_dict`` and ``load_state_dict`` will do for either). ``extra``:
     anything else to keep (``Checkpoint.extra`` at the load); plain values and tensors load as
-    they are, anything else only with ``load(..., weights_only=False)`` (rank 0 says so)."""
+    they are, anything else, from torch 2.6 on, only with ``load(..., weights_only=False)``
+    (rank 0 says so)."""
     stateful = _stateful(scheduler=scheduler, scaler=scaler)
     with rt.on_behalf_of("checkpoint.save"):
         states = _gather_rng_states()
@@ -68,7 +72,8 @@ def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
         "step": step, "epoch": epoch,
         "sampler": sampler.state_dict(sampler_consumed) if sampler is not None else None,
         **{name: value.state_dict() for name, value in stateful.items()},
-        "rng": states, "extra": extra,
+        "rng": [torch.frombuffer(bytearray(blob), dtype=torch.uint8) for blob in states],  # not bytes, which
+        "extra": extra,  # torch 2.1's restricted unpickler refused
     }
     atomic_save(state, path)
 
@@ -97,12 +102,13 @@ def atomic_save(state: dict[str, Any], path: str) -> None:
 
 
 def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, sampler: Any = None,
-         scheduler: Any = None, scaler: Any = None, *, weights_only: bool = True) -> Checkpoint:
+         scheduler: Any = None, scaler: Any = None, *, weights_only: bool | None = None) -> Checkpoint:
     """Collective: restore what ``save`` wrote; raise ``ConfigError`` (one line) if it does not fit.
 
-    ``weights_only``: as ``torch.load``'s. False also makes what ``extra`` held that is not a
-    tensor or a plain value (an ``argparse.Namespace``), which unpickling does by running code
-    the file names: only for a file you trust.
+    ``weights_only``: as ``torch.load``'s, whose default it takes (True from torch 2.6 on).
+    False also makes what ``extra`` held that is not a tensor or a plain value (an
+    ``argparse.Namespace``), which unpickling does by running code the file names: only for a
+    file you trust.
 
     A checkpoint of a job with another number of ranks (a Mac gone, or one added) loads too:
     model, optimizer, step, epoch and the sampler's place in the epoch resume, but each rank's
@@ -158,6 +164,8 @@ def _warn_of_code_in(extra: dict[str, Any]) -> None:
     """Say at the save, not at the load that resumes a crashed run, which of ``extra``'s values
     ``load`` makes only with ``weights_only=False``. Each is pickled and read back: extra holds
     a script's few values (a history, its arguments), and torch's own reader is the judge."""
+    if not WEIGHTS_ONLY_BY_DEFAULT:
+        return  # load reads anything by default, as torch.load does here
     for key, value in extra.items():
         refused = None if key in _warned else _refused_type(value)
         if refused is not None:
@@ -180,7 +188,7 @@ def _refused_type(value: Any) -> str | None:
     return None
 
 
-def _read_on_rank0_and_broadcast(path: str, weights_only: bool) -> dict[str, Any]:
+def _read_on_rank0_and_broadcast(path: str, weights_only: bool | None) -> dict[str, Any]:
     blob: bytes | None = b""
     error = ""
     if rt.rank() == 0:
@@ -194,10 +202,11 @@ def _read_on_rank0_and_broadcast(path: str, weights_only: bool) -> dict[str, Any
         reason = broadcast_bytes(error.encode(), 0, name="checkpoint error")
         assert reason is not None  # bytes from rank 0, never None
         raise ConfigError(reason.decode(errors="replace"))
-    try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
+    restricted = WEIGHTS_ONLY_BY_DEFAULT if weights_only is None else weights_only  # torch 2.4 and 2.5
+    try:  # warned of a None on every load
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=restricted)
     except Exception as exc:  # torch raises many kinds for a truncated or foreign file
-        refused = REFUSED_GLOBAL.search(str(exc)) if weights_only else None
+        refused = REFUSED_GLOBAL.search(str(exc)) if restricted else None
         if refused:
             raise ConfigError(f"{path} holds an object that only code can make ({refused.group(1)}), and unpickling "
                               f"runs the code that the file names: checkpoint.load(..., weights_only=False) reads it, "
@@ -254,8 +263,9 @@ def _gather_rng_states() -> list[bytes]:
     return all_gather_bytes(_rng_blob(), name="checkpoint RNG states")
 
 
-def _restore_rng(blob: bytes) -> None:
-    fields = msgpack.unpackb(blob)
+def _restore_rng(blob: torch.Tensor | bytes) -> None:
+    """From a checkpoint's uint8 tensor, or the bytes that checkpoints held before."""
+    fields = msgpack.unpackb(bytes(blob.tolist()) if isinstance(blob, torch.Tensor) else blob)
     state: dict[str, Any] = {
         "torch": torch.frombuffer(bytearray(fields["torch"]), dtype=torch.uint8),
         "python": (fields["python"][0], tuple(fields["python"][1]), fields["python"][2]),

@@ -650,33 +650,38 @@ class MakesADirectory:
 def test_a_checkpoint_runs_no_code_when_loaded_unless_trusted(tmp_path, capsys) -> None:
     """load unpickled with weights_only=False, so a checkpoint from elsewhere (a shared fine-tune
     to resume from) ran whatever code it named, on every rank. Now it reads tensors and plain
-    values only, as torch.load does by default, and says how to read a file of one's own that
-    holds more. save says so at the first save, not at the load that resumes a crashed run."""
+    values only, as torch.load does by default from torch 2.6 on (before, torch's default, and
+    so load's, is to read anything), and says how to read a file of one's own that holds more.
+    save says so at the first save, not at the load that resumes a crashed run."""
     import argparse
 
     import macfleet
+    from macfleet.checkpoint import WEIGHTS_ONLY_BY_DEFAULT
 
+    safe = {} if WEIGHTS_ONLY_BY_DEFAULT else {"weights_only": True}  # torch's default, or asked for
     ran = tmp_path / "ran"
     path = str(tmp_path / "ck.pt")
     macfleet.checkpoint.save(path, nn.Linear(4, 2), step=3, history=[{"loss": 0.5}], planted=MakesADirectory(str(ran)))
     warned = capsys.readouterr().err
-    assert "planted= holds an object that only code can make (posix.mkdir)" in warned, warned
+    if WEIGHTS_ONLY_BY_DEFAULT:
+        assert "planted= holds an object that only code can make (posix.mkdir)" in warned, warned
     assert "history=" not in warned, warned
     with pytest.raises(macfleet.ConfigError, match=r"holds an object that only code can make \(posix.mkdir\).*"
                                                    r"weights_only=False"):
-        macfleet.checkpoint.load(path, nn.Linear(4, 2))
+        macfleet.checkpoint.load(path, nn.Linear(4, 2), **safe)
     assert not ran.exists()
     macfleet.checkpoint.load(path, nn.Linear(4, 2), weights_only=False)  # trusted: torch.load's way
     assert ran.is_dir()
 
     args = argparse.Namespace(lr=0.1)
     macfleet.checkpoint.save(path, nn.Linear(4, 2), step=4, history=[{"loss": 0.25}], args=args)
-    assert "args= holds an object that only code can make (argparse.Namespace)" in capsys.readouterr().err
+    assert ("args= holds an object that only code can make (argparse.Namespace)" in capsys.readouterr().err) \
+        == WEIGHTS_ONLY_BY_DEFAULT
     macfleet.checkpoint.save(path, nn.Linear(4, 2), step=5, history=[{"loss": 0.25}], args=args)
     assert "args=" not in capsys.readouterr().err  # once a run
     assert macfleet.checkpoint.load(path, nn.Linear(4, 2), weights_only=False).extra["args"] == args
     macfleet.checkpoint.save(path, nn.Linear(4, 2), step=6, history=[{"loss": 0.125}], args=vars(args))
-    loaded = macfleet.checkpoint.load(path, nn.Linear(4, 2))
+    loaded = macfleet.checkpoint.load(path, nn.Linear(4, 2), **safe)  # our own parts (RNG states) read too
     assert (loaded.step, loaded.extra) == (6, {"history": [{"loss": 0.125}], "args": {"lr": 0.1}})
 
 
