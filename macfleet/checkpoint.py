@@ -18,6 +18,7 @@ import pickle
 import random
 import re
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,8 +163,7 @@ _warned: set[str] = set()  # the keys already warned of: once a run, not at ever
 
 def _warn_of_code_in(extra: dict[str, Any]) -> None:
     """Say at the save, not at the load that resumes a crashed run, which of ``extra``'s values
-    ``load`` makes only with ``weights_only=False``. Each is pickled and read back: extra holds
-    a script's few values (a history, its arguments), and torch's own reader is the judge."""
+    ``load`` makes only with ``weights_only=False``."""
     if not WEIGHTS_ONLY_BY_DEFAULT:
         return  # load reads anything by default, as torch.load does here
     for key, value in extra.items():
@@ -176,12 +176,25 @@ def _warn_of_code_in(extra: dict[str, Any]) -> None:
                   f"as it is", file=sys.stderr, flush=True)
 
 
+CONTAINERS = (dict, OrderedDict, list, tuple, set)  # these exact types: what torch's reader makes of their items
+
+
 def _refused_type(value: Any) -> str | None:
-    """What in ``value`` ``torch.load(weights_only=True)`` refuses to make, as torch names it."""
+    """What in ``value`` ``torch.load(weights_only=True)`` refuses to make, as torch names it.
+    torch's own reader judges each of the other values, pickled and read back alone; tensors,
+    which it always reads, are not copied for it (an EMA's state in extra may be the model's size)."""
+    if isinstance(value, torch.Tensor):
+        return None
+    if type(value) in CONTAINERS:
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        return next((refused for item in items if (refused := _refused_type(item)) is not None), None)
     buffer = io.BytesIO()
-    torch.save(value, buffer)
     try:
-        torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+        torch.save(value, buffer)
+    except Exception:  # nothing to read back: the save itself raises it, with torch's own words
+        return None
+    try:
+        torch.load(io.BytesIO(buffer.getvalue()), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         named = REFUSED_GLOBAL.search(str(exc))
         return named.group(1) if named else "a type torch does not name"

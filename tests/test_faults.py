@@ -661,11 +661,13 @@ def test_a_checkpoint_runs_no_code_when_loaded_unless_trusted(tmp_path, capsys) 
     safe = {} if WEIGHTS_ONLY_BY_DEFAULT else {"weights_only": True}  # torch's default, or asked for
     ran = tmp_path / "ran"
     path = str(tmp_path / "ck.pt")
-    macfleet.checkpoint.save(path, nn.Linear(4, 2), step=3, history=[{"loss": 0.5}], planted=MakesADirectory(str(ran)))
+    ema = {"weight": torch.ones(2, 4), "steps": torch.tensor(3)}  # tensors and plain values in containers
+    macfleet.checkpoint.save(path, nn.Linear(4, 2), step=3, history=[{"loss": 0.5}], ema=ema,
+                             planted=[1, {"inside": MakesADirectory(str(ran))}])
     warned = capsys.readouterr().err
     if WEIGHTS_ONLY_BY_DEFAULT:
         assert "planted= holds an object that only code can make (posix.mkdir)" in warned, warned
-    assert "history=" not in warned, warned
+    assert "history=" not in warned and "ema=" not in warned, warned
     with pytest.raises(macfleet.ConfigError, match=r"holds an object that only code can make \(posix.mkdir\).*"
                                                    r"weights_only=False"):
         macfleet.checkpoint.load(path, nn.Linear(4, 2), **safe)
