@@ -73,8 +73,9 @@ def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = 
         "step": step, "epoch": epoch,
         "sampler": sampler.state_dict(sampler_consumed) if sampler is not None else None,
         **{name: value.state_dict() for name, value in stateful.items()},
-        "rng": [torch.frombuffer(bytearray(blob), dtype=torch.uint8) for blob in states],  # not bytes, which
-        "extra": extra,  # torch 2.1's restricted unpickler refused
+        # uint8 tensors, not bytes: torch 2.1's restricted unpickler refused bytes
+        "rng": [torch.frombuffer(bytearray(blob), dtype=torch.uint8) for blob in states],
+        "extra": extra,
     }
     atomic_save(state, path)
 
@@ -215,8 +216,9 @@ def _read_on_rank0_and_broadcast(path: str, weights_only: bool | None) -> dict[s
         reason = broadcast_bytes(error.encode(), 0, name="checkpoint error")
         assert reason is not None  # bytes from rank 0, never None
         raise ConfigError(reason.decode(errors="replace"))
-    restricted = WEIGHTS_ONLY_BY_DEFAULT if weights_only is None else weights_only  # torch 2.4 and 2.5
-    try:  # warned of a None on every load
+    # resolved here, not passed on as None: torch 2.4 and 2.5 warn of a None at every load
+    restricted = WEIGHTS_ONLY_BY_DEFAULT if weights_only is None else weights_only
+    try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=restricted)
     except Exception as exc:  # torch raises many kinds for a truncated or foreign file
         refused = REFUSED_GLOBAL.search(str(exc)) if restricted else None

@@ -173,6 +173,7 @@ class Join:
                     torch.save(optimizer.state_dict(), buffer)
                     blob = buffer.getvalue()
                 data = broadcast_bytes(blob, source, name="optimizer state")
-                if model.runtime.rank != source and data is not None:  # tensors and plain values only: bytes
-                    # off the network make nothing that runs code (an optimizer's state is no more)
+                if model.runtime.rank != source and data is not None:
+                    # tensors and plain values only (an optimizer's state is no more): bytes off
+                    # the network make nothing that runs code
                     optimizer.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))

@@ -1495,7 +1495,7 @@ def test_a_ddp_script_with_its_model_on_a_mac_s_gpu_is_answered_with_macfleet_da
     it (or, on torch 2.6, in init_process_group() without a backend); no message says what
     runs on mps. torch raises them only on a Mac: the texts are torch's, as a Mac printed them
     (DDP on torch 2.4, ultralytics pull request 15701; torch issue 149537) and as c10d words
-    them (ProcessGroup.hpp's getBackend)."""
+    them (ProcessGroup.hpp's getBackend; ProcessGroupGloo.cpp's "unsupported device type")."""
     def report(message: str) -> str:
         def raised() -> None:
             raise RuntimeError(message)
