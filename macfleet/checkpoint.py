@@ -215,12 +215,13 @@ def _read_on_rank0_and_broadcast(path: str, weights_only: bool | None) -> dict[s
         reason = broadcast_bytes(error.encode(), 0, name="checkpoint error")
         assert reason is not None  # bytes from rank 0, never None
         raise ConfigError(reason.decode(errors="replace"))
-    # resolved here, not passed on as None: torch 2.4 and 2.5 warn of a None at every load
-    restricted = WEIGHTS_ONLY_BY_DEFAULT if weights_only is None else weights_only
+    # None is torch's default, with its TORCH_FORCE_(NO_)WEIGHTS_ONLY_LOAD; before torch 2.6 that is
+    # False, said here, since torch 2.4 and 2.5 warn of a None at every load
+    chosen = False if weights_only is None and not WEIGHTS_ONLY_BY_DEFAULT else weights_only
     try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=restricted)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=chosen)
     except Exception as exc:  # torch raises many kinds for a truncated or foreign file
-        refused = REFUSED_GLOBAL.search(str(exc)) if restricted else None
+        refused = REFUSED_GLOBAL.search(str(exc))  # named only by torch's restricted reader
         if refused:
             raise ConfigError(f"{path} holds an object that only code can make ({refused.group(1)}), and unpickling "
                               f"runs the code that the file names: checkpoint.load(..., weights_only=False) reads it, "
