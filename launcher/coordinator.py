@@ -683,10 +683,9 @@ class Coordinator:
                         r not in self.last_ops and now - self._exited_at[r] > 2 * protocol.HEARTBEAT_S)
         for rank, waiting in sorted(self._waiting_for(now).items()):
             if silent:
-                who = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in silent)
                 self.fail(Failure(time.time(), (
-                    f"rank {rank} waits in {waiting.get('op')} (op {waiting.get('id')}) for rank"
-                    f"{'s' if len(silent) > 1 else ''} {who}, which exited (code 0) without leaving the job: "
+                    f"rank {rank} waits in {waiting.get('op')} (op {waiting.get('id')}) for "
+                    f"{self._ranks_named(silent)}, which exited (code 0) without leaving the job: "
                     f"os._exit() skips macfleet's exit, and every rank must call the same collectives"), silent[0]))
                 return
             op = waiting.get("id")
@@ -704,9 +703,8 @@ class Coordinator:
                     f"{HALFWAY}; let that exception end the script"), halfway[0]))
                 return
             if gone:
-                who = ", ".join(f"{r} ({self.hosts.get(r, '?')})" for r in gone)
                 self.fail(Failure(time.time(), (
-                    f"rank {rank} waits in {waiting.get('op')} (op {op}) for rank{'s' if len(gone) > 1 else ''} {who}, "
+                    f"rank {rank} waits in {waiting.get('op')} (op {op}) for {self._ranks_named(gone)}, "
                     f"which finished after op {self.last_ops[gone[0]]}: every rank must call the same collectives, "
                     f"and {'these' if len(gone) > 1 else 'it'} called fewer{_fewer_steps(str(waiting.get('op')))}"),
                     rank))

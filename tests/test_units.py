@@ -1711,7 +1711,6 @@ def test_a_rank_s_processor_time_counts_a_grandchild_at_work_and_after() -> None
         shell.wait(30)
 
 
-
 def test_a_main_thread_waiting_on_a_download_of_its_own_or_of_a_thread_it_waits_for_is_seen(tmp_path) -> None:
     """A download on the main thread, or in a thread pool whose result the main thread waits
     for (huggingface_hub's snapshot_download), or through asyncio, waits on the network; a pool
@@ -1721,14 +1720,19 @@ def test_a_main_thread_waiting_on_a_download_of_its_own_or_of_a_thread_it_waits_
     import concurrent.futures
     import urllib.request
 
-    def download(seconds: float) -> None:
+    @contextlib.contextmanager
+    def trickling(seconds: float) -> Iterator[int]:
+        """A slow server's port, for one download of ``seconds``."""
         server = subprocess.Popen([sys.executable, str(BIN / "trickle.py"), str(seconds)], stdout=subprocess.PIPE,
                                   text=True)
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{int(server.stdout.readline())}/", timeout=30) as reply:
-                reply.read()
+            yield int(server.stdout.readline())
         finally:
             server.wait(30)
+
+    def download(seconds: float) -> None:
+        with trickling(seconds) as port, urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as reply:
+            reply.read()
 
     def seen_while(block: Any) -> set[str | None]:
         """What waits_outside said of this (the main) thread, looked at from another while it ran ``block``."""
@@ -1756,15 +1760,11 @@ def test_a_main_thread_waiting_on_a_download_of_its_own_or_of_a_thread_it_waits_
     # the same through asyncio (aiohttp, httpx): on the main thread's loop, and on a loop in a
     # thread of its own that the main thread waits for (as fsspec runs one, for datasets' downloads)
     async def adownload(seconds: float) -> None:
-        server = subprocess.Popen([sys.executable, str(BIN / "trickle.py"), str(seconds)], stdout=subprocess.PIPE,
-                                  text=True)
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", int(server.stdout.readline()))
+        with trickling(seconds) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"GET / HTTP/1.0\r\n\r\n")
             await reader.read()
             writer.close()
-        finally:
-            server.wait(30)
 
     # a checkpoint saved to a slow disk (a NAS over Wi-Fi): here a FIFO that a thread drains slowly
     fifo = tmp_path / "nas"

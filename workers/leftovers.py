@@ -19,6 +19,10 @@ import time
 
 from macfleet.whereabouts import output_of
 
+# ps's option for the environment, after the command line: macOS's says -E, Linux's (procps) the
+# BSD-style e. The ranks' keepers (bootstrap.py) use it too.
+PS_ENVIRONMENT = "-E" if sys.platform == "darwin" else "e"
+
 
 @dataclasses.dataclass(frozen=True)
 class Leftover:
@@ -65,10 +69,6 @@ def _signal(processes: list[Leftover], sig: int) -> None:
         except (ProcessLookupError, PermissionError):
             pass  # ended meanwhile
 
-
-# ps's option for the environment, after the command line: macOS's says -E, Linux's (procps) the
-# BSD-style e. The ranks' keepers (bootstrap.py) use it too.
-PS_ENVIRONMENT = "-E" if sys.platform == "darwin" else "e"
 
 
 def _ps_with_environment() -> str:
