@@ -26,6 +26,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any, TextIO
 
 from macfleet.commands import starts_script
 
@@ -89,14 +90,14 @@ def in_debugger(frame: FrameType | None) -> bool:
 
 def held_by_user() -> str | None:
     """Why the script's main thread waits for a person, in words, or None: "in a debugger", or
-    "waiting for what you type" (``input()``, ``getpass``: a prompt on rank 0, for a choice or
-    a hub's token, while the others wait at a barrier). The others then wait for this rank as
+    "waiting for what you type" (``input()``, a read of ``sys.stdin``, ``getpass``: a prompt on
+    rank 0, for a choice or a hub's token, while the others wait at a barrier). The others then wait for this rank as
     long as it lasts, as under ``python`` with one process, rather than abort it as a stall."""
     main = _main_frame()
     if in_debugger(main):
         return "in a debugger"
     for frame in _innermost(main):  # getpass reads the line itself: on a rank, which has no terminal, from stdin
-        if frame.f_code is input.__code__ or frame.f_globals.get("__name__") == "getpass":
+        if frame.f_code in _READS_OF_STDIN or frame.f_globals.get("__name__") == "getpass":
             return "waiting for what you type"
     return None
 
@@ -110,13 +111,62 @@ def input(*prompt: object) -> str:  # noqa: A001 - it stands in for the builtin,
     return _builtin_input(*prompt)
 
 
+class WatchedStdin:
+    """``sys.stdin`` as the script reads it on a rank (``watch_input``): a prompt of the script's
+    own that reads the line itself (``sys.stdin.readline()``, ``for line in sys.stdin``) waits
+    in the stream's native code, under the script's frame, where ``held_by_user`` saw nothing,
+    and the job was aborted as a stall while its user read the question. Each read here is a
+    frame of this class. Everything else is the stream's own (``fileno()``, ``buffer``, whose
+    reads stay unseen). A proxy, not an ``io.TextIOWrapper`` of the same buffer: a second
+    wrapper would read ahead of the first, and stdin's own options (no newline translation on
+    POSIX) would have to be copied; a script that checks the type of ``sys.stdin`` sees it."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def read(self, size: int | None = -1) -> str:
+        return self._stream.read(size)
+
+    def readline(self, size: int | None = -1) -> str:
+        return self._stream.readline(size)
+
+    def readlines(self, hint: int = -1) -> list[str]:
+        return self._stream.readlines(hint)
+
+    def __iter__(self) -> WatchedStdin:
+        return self
+
+    def __next__(self) -> str:
+        line = self._stream.readline()
+        if not line:
+            raise StopIteration
+        return line
+
+    def __enter__(self) -> WatchedStdin:
+        self._stream.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stream.__exit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+_READS_OF_STDIN = {input.__code__, *(method.__code__ for method in (WatchedStdin.read, WatchedStdin.readline,
+                                                                    WatchedStdin.readlines, WatchedStdin.__next__))}
+
+
 def watch_input() -> None:
-    """Have the script's ``input()`` calls go through ``input`` above, for the rest of the process.
-    A wrapper rather than an audit hook (which sees the builtin's calls without one): a hook costs
-    1-2 us on every audited event of the process: one epoch of the MNIST example (94 steps)
-    raised about 14,000 once torch and macfleet were imported (``id()``, attribute reads of
-    frames, torch's lazy imports). A traceback through a prompt (Ctrl-C at it) shows its frame."""
+    """Have the script's ``input()`` calls go through ``input`` above, and its reads of
+    ``sys.stdin`` through ``WatchedStdin``, for the rest of the process. A wrapper rather than an
+    audit hook (which sees the builtin's calls without one): a hook costs 1-2 us on every audited
+    event of the process: one epoch of the MNIST example (94 steps) raised about 14,000 once
+    torch and macfleet were imported (``id()``, attribute reads of frames, torch's lazy imports).
+    A traceback through a prompt (Ctrl-C at it) shows its frame."""
     builtins.input = input
+    if sys.stdin is not None and not isinstance(sys.stdin, WatchedStdin):
+        sys.stdin = WatchedStdin(sys.stdin)
 
 
 def _main_frame() -> FrameType | None:

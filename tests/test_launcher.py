@@ -1025,21 +1025,22 @@ def test_doctor_and_cabling_on_a_machine_without_ssh_say_so(tmp_path, command: l
     assert "cannot run ssh: No such file or directory" in job.stdout + job.stderr, job
 
 
-@pytest.mark.parametrize("shm, asks", [("1", "pdb"), ("0", "pdb"), ("1", "input"), ("0", "getpass")])
+@pytest.mark.parametrize("shm, asks", [("1", "pdb"), ("0", "readline"), ("1", "input"), ("0", "getpass")])
 def test_ranks_waiting_for_one_in_pdb_or_at_a_prompt_are_not_a_stall(shm: str, asks: str) -> None:
     """Rank 0 sits at pdb's prompt while rank 1 waits for it in a barrier (through shared memory,
     or sockets). With a stall timeout of 2 s the launcher aborted the job 4 s in, in the middle
     of the debugging session; with a collective timeout of 3 s rank 1 gave up. Once rank 0
     goes on, the time rank 1 waited must not count as a stall either (it did, until rank 1's
-    next heartbeat said it was through). A prompt of the script's own (``input()``; ``getpass``,
-    as a hub's login asks for a token) was aborted alike."""
+    next heartbeat said it was through). A prompt of the script's own (``input()``; a line read
+    from ``sys.stdin`` itself; ``getpass``, as a hub's login asks for a token) was aborted
+    alike. (Over sockets, the prompts stand for pdb too: what a rank waits for is the same.)"""
     proc = subprocess.Popen(launch_command("--nproc", "2", "--stall-timeout", "2", str(BIN / "debugger.py"), "wait",
                                            asks),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, env={**os.environ, "MACFLEET_TIMEOUT": "3", "MACFLEET_SHM": shm})
     # what each prompt writes, and where (getpass: on stderr, a rank having no terminal)
     prompt, stream = {"pdb": (b"(Pdb)", proc.stdout), "input": (b"[y/N]", proc.stdout),
-                      "getpass": (b"token:", proc.stderr)}[asks]
+                      "readline": (b"[y/N]", proc.stdout), "getpass": (b"token:", proc.stderr)}[asks]
     try:
         seen, deadline = b"", time.monotonic() + 60
         while prompt not in seen and time.monotonic() < deadline and proc.poll() is None:

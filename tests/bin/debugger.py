@@ -2,7 +2,8 @@
 on to the end of input: what the launcher's stdin says, each rank prints.
 
 ``debugger.py wait pdb``: rank 0 alone stops in pdb, while the others wait for it in a
-barrier; ``wait input`` and ``wait getpass``: it asks for a line instead.
+barrier; ``wait input``, ``wait readline`` (reading ``sys.stdin`` itself) and ``wait getpass``:
+it asks for a line instead.
 """
 
 import getpass
@@ -17,6 +18,9 @@ if sys.argv[1:2] == ["wait"]:
             breakpoint()  # noqa: T100 - the point of the test
         elif sys.argv[2] == "input":
             print(f"read {input('overwrite the checkpoint? [y/N] ')!r}", flush=True)
+        elif sys.argv[2] == "readline":
+            print("overwrite the checkpoint? [y/N] ", end="", flush=True)
+            print(f"read {sys.stdin.readline().rstrip()!r}", flush=True)
         else:  # as a hub's login asks for a token; a rank has no terminal: getpass reads stdin
             print(f"read {getpass.getpass('token: ')!r}", flush=True)
     macfleet.barrier()
