@@ -91,8 +91,9 @@ def in_debugger(frame: FrameType | None) -> bool:
 def held_by_user() -> str | None:
     """Why the script's main thread waits for a person, in words, or None: "in a debugger", or
     "waiting for what you type" (``input()``, a read of ``sys.stdin``, ``getpass``: a prompt on
-    rank 0, for a choice or a hub's token, while the others wait at a barrier). The others then wait for this rank as
-    long as it lasts, as under ``python`` with one process, rather than abort it as a stall."""
+    rank 0, for a choice or a hub's token, while the others wait at a barrier). The others then
+    wait for this rank as long as it lasts, as under ``python`` with one process, rather than
+    abort it as a stall."""
     main = _main_frame()
     if in_debugger(main):
         return "in a debugger"
@@ -150,6 +151,8 @@ class WatchedStdin:
         self._stream.__exit__(*exc)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_stream":  # an instance made without __init__ (copy.copy makes one): not recursion
+            raise AttributeError(name)
         return getattr(self._stream, name)
 
 
