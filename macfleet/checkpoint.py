@@ -177,13 +177,17 @@ def _warn_of_code_in(extra: dict[str, Any]) -> None:
 
 
 CONTAINERS = (dict, OrderedDict, list, tuple, set)  # these exact types: what torch's reader makes of their items
+# Values that pickle's own opcodes hold (no global to look up), which every torch's reader makes:
+# a metrics history of 15 epochs is some 80 of them, 43 ms a save when each was read back alone
+PLAIN = (int, float, str, bool, type(None))
 
 
 def _refused_type(value: Any) -> str | None:
     """What in ``value`` ``torch.load(weights_only=True)`` refuses to make, as torch names it.
-    torch's own reader judges each of the other values, pickled and read back alone; tensors,
-    which it always reads, are not copied for it (an EMA's state in extra may be the model's size)."""
-    if isinstance(value, torch.Tensor):
+    torch's own reader judges each of the other values, pickled and read back alone; tensors and
+    plain values, which it always reads, are not copied for it (an EMA's state in extra may be
+    the model's size)."""
+    if isinstance(value, torch.Tensor) or type(value) in PLAIN:
         return None
     if type(value) in CONTAINERS:
         items = [*value.keys(), *value.values()] if isinstance(value, dict) else value

@@ -70,7 +70,6 @@ def _signal(processes: list[Leftover], sig: int) -> None:
             pass  # ended meanwhile
 
 
-
 def _ps_with_environment() -> str:
     """Every process's pid, process group and command line followed by its environment."""
     return output_of(["ps", "-A", PS_ENVIRONMENT, "-ww", "-o", "pid=,pgid=,command="])
