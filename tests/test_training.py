@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import BIN, MNIST, run_launch
+from conftest import BIN, MNIST, run_launch, small_mnist
 
 sys.path.insert(0, str(BIN))
 import oracle  # noqa: E402
@@ -100,3 +100,25 @@ def test_mnist_example_refuses_a_train_url_it_cannot_write_before_training(tmp_p
     assert job.code == 2, job.output
     assert "--train-url" in job.stderr and "Not a directory" in job.stderr, job.stderr
     assert "epoch 1/1" not in job.stdout
+
+
+def test_the_example_given_more_epochs_on_resume_runs_its_cosine_over_them(tmp_path) -> None:
+    """A finished run of 1 epoch, resumed with --epochs 2, kept its schedule's length: the rate
+    had reached 0 at the end of epoch 1, so epoch 2 trained at 0 (nothing moved), and the
+    cosine, past its end, climbed back to the full rate for whatever came after. Now the
+    cosine runs over the 2 epochs from there: epoch 2 trains at half the rate, and the run ends
+    at 0. As a job of one, under plain python."""
+    data = small_mnist(tmp_path / "data", 1200, 200)
+
+    def run(*args: str) -> dict:
+        done = subprocess.run([sys.executable, str(MNIST), "--device", "cpu", "--data-url", str(data),
+                               "--train-url", str(tmp_path / "out"), *args], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"epoch {args[1]}/{args[1]}" in done.stdout, done.stdout
+        return {"said": done.stdout, **torch.load(tmp_path / "out" / "model.pt")}
+
+    first, more = run("--epochs", "1"), run("--epochs", "2", "--resume")
+    assert "the learning rate's cosine runs over 2 epochs now, not 1" in more["said"], more["said"]
+    assert [g["lr"] for g in more["optimizer"]["param_groups"]] == [0.0]
+    assert any(not torch.equal(first["model"][k], more["model"][k]) for k in first["model"])  # epoch 2 trained

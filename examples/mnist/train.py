@@ -14,6 +14,7 @@ a restarted job resumes from ``checkpoint.pt`` (``--resume`` does the same by ha
 
 import argparse
 import json
+import math
 import os
 import time
 
@@ -192,6 +193,16 @@ if checkpoint_path and (args.resume or restarted):
         start_epoch, step, history = state.epoch, state.step, state.extra.get("history", [])
         before = state.extra.get("epoch_so_far", before)
         log(f"resumed from {checkpoint_path}: epoch {start_epoch + 1}, step {step}")
+        if start_epoch >= args.epochs:
+            log(f"the checkpoint has trained {start_epoch} epochs, and --epochs is {args.epochs}: nothing left to train")
+        elif scheduler.T_max != args.epochs:
+            # resumed with another --epochs (a finished run given more): the cosine runs over the
+            # new length from here, as if the run had started with it. Left on the old one, the
+            # rate went past its end at 0 and climbed back to the full rate (a cosine repeats).
+            log(f"the learning rate's cosine runs over {args.epochs} epochs now, not {scheduler.T_max}")
+            scheduler.T_max = args.epochs
+            for group, base in zip(optimizer.param_groups, scheduler.base_lrs):  # its eta_min is 0
+                group["lr"] = base * (1 + math.cos(math.pi * scheduler.last_epoch / args.epochs)) / 2
     else:  # after a restart too: rank 0's Mac may be another one now (macfleet launch --min-hosts)
         log(f"no checkpoint in {args.train_url} on rank 0's Mac yet; starting from the beginning")
 
