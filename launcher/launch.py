@@ -24,7 +24,7 @@ from macfleet.commands import NOT_INSTALLED, module_command
 from macfleet.launcher import cabling
 from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
-from macfleet.launcher.relay import STDERR, STDOUT, Relay, drain
+from macfleet.launcher.relay import STDERR, STDOUT, Relay, drain, join_if_one_file
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
 from macfleet.netaddr import CABLE_ADVICE, over_wifi, route_source
 from macfleet.launcher.report import (failure_report, facts_table, pace_report, scripts_differ, stood_by_report,
@@ -190,6 +190,7 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None, trace: TraceFile
     """One attempt of the job; ``stdin``: what to pass on to its ranks' standard input (none for
     bench and doctor, whose ranks read none); ``trace``: where the ranks' timeline goes (none:
     they record none)."""
+    join_if_one_file()  # a rank's prompt on stdout, then our note on stderr: on one terminal, one line
     job_id = secrets.token_hex(6)
     secret = secrets.token_bytes(32)
     ctx = zmq.Context()

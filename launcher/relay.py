@@ -6,13 +6,15 @@ wrote in packets that need not end where a line does. Written straight to one te
 hosts' ssh clients at once, their lines ran into each other ('[rank 1 mac1] chatter 1 [rank 3
 mac2] chatter 3 8...', then the rest of rank 1's line on a line of its own). So stdout comes
 through the launcher too, as stderr already did for the failure report: cut into whole lines
-(``lines.pieces``), each written in one write under its output's lock. A line an agent leaves
+(``lines.pieces``), each written in one write under its screen's lock. A line an agent leaves
 unfinished (a progress bar, or the rest of a line later than ``SETTLE_S``) is ended before
-another agent's piece goes out there, so two hosts' text never shares a line.
+another agent's piece goes out there, so two hosts' text never shares a line; where stdout and
+stderr are one terminal, before a piece on the other stream too (``Screen``).
 """
 
 from __future__ import annotations
 
+import os
 import select
 import sys
 import threading
@@ -23,23 +25,41 @@ from typing import IO, Callable
 from macfleet.lines import SETTLE_S, WholeLines, forward_nowhere, pieces
 
 
+class Screen:
+    """Where one or more outputs land: the line left unfinished there, and by whom.
+
+    The launcher's stdout and stderr share one where they are the same file (a terminal, or
+    ``2>&1``; ``join_if_one_file``). A rank's prompt leaves its line open on stdout, and the
+    launcher's note that the rank waits for its user (on stderr) went on after the prompt, on
+    its line: "[rank 0] overwrite? [y/N]: macfleet: rank 0 (localhost) is waiting for what you
+    type". A rank's line on one stream and another's on the other ran together alike."""
+
+    def __init__(self) -> None:
+        # Reentrant: the launcher's own lines are written from its main thread, where a signal
+        # handler may run while that thread holds the lock.
+        self.lock = threading.RLock()
+        self.open_by: tuple[object, Output] | None = None  # (writer, output) of the unfinished line
+        # (writer, output) whose unfinished line another's piece ended: the newline its agent
+        # then writes to end it (before another rank's line of that host) is said already
+        self.cut: tuple[object, Output] | None = None
+
+
 class Output:
     """One of the launcher's outputs, which the relays of every agent (and the launcher's own
     lines) write to. ``stream``: how to find it at each write, as ``sys.stdout`` may be
-    replaced (``reopen_closed_std_streams``, tests that capture it)."""
+    replaced (``reopen_closed_std_streams``, tests that capture it). ``screen``: shared with
+    another output that is the same file (see ``Screen``); else its own."""
 
-    def __init__(self, stream: Callable[[], IO[bytes]]) -> None:
+    def __init__(self, stream: Callable[[], IO[bytes]], screen: Screen | None = None) -> None:
         self._stream = stream
-        # Reentrant: the launcher's own lines are written from its main thread, where a signal
-        # handler may run while that thread holds the lock.
-        self._lock = threading.RLock()
-        self._open_by: object = None  # who wrote the unfinished line there, if one is
+        self.screen = screen or Screen()
 
     def write(self, writer: object, piece: bytes) -> None:
         """``piece`` from ``writer`` (an agent, or the launcher), after ending a line another
-        writer left unfinished. A redraw (a piece ending with \\r: a rank's progress bar) is
-        not shown while another writer's line is open, as each agent does among its own ranks
-        (``Agent._show``): a bar on every host would scroll the terminal a line per redraw.
+        writer, or this writer on another output of the screen, left unfinished. A redraw (a
+        piece ending with \\r: a rank's progress bar) is not shown while another's line is
+        open, as each agent does among its own ranks (``Agent._show``): a bar on every host
+        would scroll the terminal a line per redraw.
 
         Whatever read the output may have gone: ``macfleet launch ... 2>&1 | head`` (EPIPE), or
         the terminal of a launcher left running in the background (EIO, once it has closed). The
@@ -48,12 +68,17 @@ class Output:
         agent's output died, so a rank that wrote more than a pipe holds waited for good. The job
         goes on without its lines now: later writes, and the interpreter's last flush, go
         nowhere. An output that is only full for now (non-blocking, EAGAIN) loses this piece."""
-        with self._lock:
-            if self._open_by is not None and self._open_by is not writer:
+        screen = self.screen
+        with screen.lock:
+            if self._is(screen.cut, writer):
+                screen.cut = None
+                if piece == b"\n":
+                    return
+            if screen.open_by is not None and not self._is(screen.open_by, writer):
                 if piece.endswith(b"\r"):
                     return
-                piece = b"\n" + piece
-            self._open_by = None if piece.endswith(b"\n") else writer
+                piece, screen.cut = b"\n" + piece, screen.open_by
+            screen.open_by = None if piece.endswith(b"\n") else (writer, self)
             stream = self._stream()
             try:
                 stream.write(piece)
@@ -63,14 +88,29 @@ class Output:
                     forward_nowhere(stream.fileno(), exc)
 
     def end(self, writer: object) -> None:
-        """``writer`` will write no more: a line of its left unfinished is ended now."""
-        with self._lock:
-            if self._open_by is writer:
+        """``writer`` will write no more here: a line of its left unfinished is ended now."""
+        with self.screen.lock:
+            if self._is(self.screen.open_by, writer):
                 self.write(writer, b"\n")
+
+    def _is(self, key: tuple[object, Output] | None, writer: object) -> bool:
+        """Whether ``key`` (``Screen.open_by``, ``Screen.cut``) is ``writer`` on this output."""
+        return key is not None and key[0] is writer and key[1] is self
 
 
 STDOUT = Output(lambda: sys.stdout.buffer)
 STDERR = Output(lambda: sys.stderr.buffer)
+
+
+def join_if_one_file() -> None:
+    """Give STDOUT and STDERR one screen where they are the same file: a terminal, or one file
+    or pipe that ``2>&1`` sent both to."""
+    try:
+        same = os.path.sameopenfile(sys.stdout.fileno(), sys.stderr.fileno())
+    except (OSError, ValueError):  # one of them closed, or not a file
+        return
+    if same:
+        STDERR.screen = STDOUT.screen
 
 
 class Relay(threading.Thread):

@@ -1033,10 +1033,14 @@ def test_ranks_waiting_for_one_in_pdb_or_at_a_prompt_are_not_a_stall(shm: str, a
     goes on, the time rank 1 waited must not count as a stall either (it did, until rank 1's
     next heartbeat said it was through). A prompt of the script's own (``input()``; a line read
     from ``sys.stdin`` itself; ``getpass``, as a hub's login asks for a token) was aborted
-    alike. (Over sockets, the prompts stand for pdb too: what a rank waits for is the same.)"""
+    alike. (Over sockets, the prompts stand for pdb too: what a rank waits for is the same.)
+    With ``input``, stdout and stderr are one pipe, as on a terminal: the launcher's note (on
+    stderr) went on after the prompt (on stdout), on its line."""
+    one = asks == "input"
     proc = subprocess.Popen(launch_command("--nproc", "2", "--stall-timeout", "2", str(BIN / "debugger.py"), "wait",
                                            asks),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if one else subprocess.PIPE,
                             start_new_session=True, env={**os.environ, "MACFLEET_TIMEOUT": "3", "MACFLEET_SHM": shm})
     # what each prompt writes, and where (getpass: on stderr, a rank having no terminal)
     prompt, stream = {"pdb": (b"(Pdb)", proc.stdout), "input": (b"[y/N]", proc.stdout),
@@ -1049,11 +1053,15 @@ def test_ranks_waiting_for_one_in_pdb_or_at_a_prompt_are_not_a_stall(shm: str, a
         assert prompt in seen, seen
         time.sleep(5)  # the user reads the code: past the stall's abort (4 s) and the collective timeout (3 s)
         out, err = proc.communicate(b"c\n", timeout=60)
+        err = err or b""
     finally:
         kill_group(proc.pid)
     assert proc.returncode == 0, (seen + out, err)
     assert (seen + out).count(b"past the barrier") == 2
     why = b"in a debugger" if asks == "pdb" else b"waiting for what you type"
-    assert b"rank 0 (localhost) is " + why + b"; rank 1 is waiting for it in all_reduce" in seen + err, err
+    note = b"macfleet: rank 0 (localhost) is " + why + b"; rank 1 is waiting for it in all_reduce"
+    assert note in seen + out + err, (seen + out, err)
+    if one:
+        assert b"[y/N] \n" + note in seen + out, seen + out  # on a line of its own
     if asks != "pdb":
         assert b"read 'c'" in seen + out, seen + out

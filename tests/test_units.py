@@ -36,7 +36,7 @@ from macfleet.backends import CudaDevice, Device, MpsDevice, PolledEvent, check_
 from macfleet.env import WorkerEnv
 from macfleet.launcher.coordinator import odd_copies, same_batches
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
-from macfleet.launcher.relay import Output, Relay
+from macfleet.launcher.relay import Output, Relay, Screen
 from macfleet.launcher.report import pace_report, stood_by_report
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.lines import LONGEST, pieces
@@ -757,6 +757,25 @@ def test_a_hosts_redraws_wait_while_another_hosts_bar_is_drawn() -> None:
     output.write("mac1", b"[rank 0 mac1] 11%\r")  # the line is free again
     output.write("mac1", b"[rank 0 mac1] done\n")
     assert sink.data == b"[rank 0 mac1] 10%\r\n[rank 2 mac2] done\n[rank 0 mac1] 11%\r[rank 0 mac1] done\n"
+
+
+def test_a_line_left_open_on_one_output_is_ended_before_the_other_writes_where_both_are_one_terminal() -> None:
+    """A rank's prompt stays unfinished on stdout, and the launcher's note that the rank waits
+    for its user (on stderr) went on after it, on its line. Where the two outputs are one
+    terminal they share a screen: the note starts a line of its own, and the newline with which
+    the agent then ends the prompt's line (before another rank's line) makes no blank line.
+    One host's lines on the two streams are kept apart alike."""
+    sink, screen = Capture(), Screen()
+    out, err = Output(lambda: sink, screen), Output(lambda: sink, screen)
+    out.write("mac1", b"[rank 0] overwrite? [y/N] ")
+    err.write("launcher", b"macfleet: rank 0 (localhost) is waiting for what you type\n")
+    out.write("mac1", b"\n")  # the agent ends rank 0's line, before rank 1's
+    out.write("mac1", b"[rank 1] past the barrier\n")
+    out.write("mac1", b"[rank 0] 50%\r")
+    err.write("mac1", b"[rank 1] warning\n")  # the same agent, on the other stream
+    out.write("mac1", b"[rank 0] 60%\r")
+    assert sink.data == (b"[rank 0] overwrite? [y/N] \nmacfleet: rank 0 (localhost) is waiting for what you type\n"
+                         b"[rank 1] past the barrier\n[rank 0] 50%\r\n[rank 1] warning\n[rank 0] 60%\r")
 
 
 def test_output_on_a_descriptor_above_1024_is_forwarded() -> None:
