@@ -264,6 +264,10 @@ def sshd(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail("sshd/ssh/ssh-keygen missing in CI: .ci/run should have installed openssh-server")
         pytest.skip("no sshd on this machine (apt-get install openssh-server)")
+    missing = helper.not_here(["127.0.0.2", "127.0.0.3"])
+    if missing:  # a Mac: lo0 has 127.0.0.1 alone
+        pytest.skip(f"{' and '.join(missing)}, which stand for other Macs, are no addresses of this machine: "
+                    + "; ".join(f"sudo ifconfig lo0 alias {addr} up" for addr in missing))
     server = helper.start_sshd(tmp_path_factory.mktemp("sshd"), ["127.0.0.1", "127.0.0.2", "127.0.0.3"])
     yield server
     server.stop()

@@ -43,6 +43,20 @@ def available() -> bool:
     return os.path.exists(SSHD) and shutil.which("ssh") is not None and shutil.which("ssh-keygen") is not None
 
 
+def not_here(addresses: list[str]) -> list[str]:
+    """Those of ``addresses`` that no socket here can bind. Linux answers for the whole of
+    127.0.0.0/8; macOS has 127.0.0.1 alone on lo0 until more are added, and sshd there failed
+    to listen on 127.0.0.2, so every test of several hosts waited 20 s, then erred."""
+    missing = []
+    for addr in addresses:
+        with socket.socket() as s:
+            try:
+                s.bind((addr, 0))
+            except OSError:
+                missing.append(addr)
+    return missing
+
+
 def free_port(addr: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((addr, 0))
