@@ -110,8 +110,7 @@ def test_an_agent_killed_leaves_neither_a_rank_stuck_in_native_code_nor_an_exite
             time.sleep(0.05)  # polling the process table for rank 1's exit
         if _alive(job.pids[1]) or not (_alive(child) and _alive(job.pids[0])):
             pytest.fail(f"rank 1 still running, or its child or rank 0 gone:\n{job.wait(30)[1]}")
-        agent = int(subprocess.run(["ps", "-o", "ppid=", "-p", str(job.pids[0])], capture_output=True, text=True,
-                                   check=True).stdout)
+        agent = int(_ps(job.pids[0], "ppid"))
         os.kill(agent, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while (_alive(child) or _alive(away) or _alive(job.pids[0])) and time.monotonic() < deadline:
@@ -237,11 +236,15 @@ def test_ranks_background_processes_neither_hold_up_the_job_nor_outlive_it(fail_
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie no one has reaped yet, in a container whose init does
     not reap, has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    state = _ps(pid, "stat")
+    return bool(state) and not state.startswith("Z")
+
+
+def _ps(pid: int, field: str) -> str:
+    """``field`` of process ``pid`` as ``ps`` gives it ("" where there is none): /proc, read
+    here before, is Linux's alone, and a Mac ran these tests into FileNotFoundError or, for
+    ``_alive``, into a check that could not fail."""
+    return subprocess.run(["ps", "-o", f"{field}=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
 
 
 def test_a_rank_stuck_holding_the_gil_is_shown_where_it_is() -> None:
@@ -573,8 +576,7 @@ def test_an_agent_told_to_stop_says_so_in_the_report(hanging_job) -> None:
     """A host's agent that gets SIGTERM (its Mac's user logs out, the Mac shuts down) stops its
     ranks. The report said only "rank 0 was killed by SIGTERM", as if the script had been."""
     job = hanging_job()
-    with open(f"/proc/{job.pids[0]}/stat") as f:
-        agent = int(f.read().rsplit(")", 1)[1].split()[1])  # the rank's parent
+    agent = int(_ps(job.pids[0], "ppid"))  # the rank's parent
     os.kill(agent, signal.SIGTERM)
     code, err, seconds = job.wait(30)
     assert code != 0
