@@ -244,7 +244,8 @@ def _ps(pid: int, field: str) -> str:
     """``field`` of process ``pid`` as ``ps`` gives it ("" where there is none): /proc, read
     here before, is Linux's alone, and a Mac ran these tests into FileNotFoundError or, for
     ``_alive``, into a check that could not fail."""
-    return subprocess.run(["ps", "-o", f"{field}=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["ps", "-o", f"{field}=", "-p", str(pid)], capture_output=True, text=True,
+                          timeout=30).stdout.strip()
 
 
 def test_a_rank_stuck_holding_the_gil_is_shown_where_it_is() -> None:
