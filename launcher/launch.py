@@ -24,7 +24,7 @@ from macfleet.commands import NOT_INSTALLED, module_command
 from macfleet.launcher import cabling
 from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
-from macfleet.launcher.relay import STDERR, STDOUT, Relay, drain, join_if_one_file
+from macfleet.launcher.relay import STDERR, STDOUT, Relay, drain, end_lines_at_echo, join_if_one_file
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
 from macfleet.netaddr import CABLE_ADVICE, over_wifi, route_source
 from macfleet.launcher.report import (failure_report, facts_table, pace_report, scripts_differ, stood_by_report,
@@ -262,7 +262,8 @@ def _supervise(cfg: LaunchConfig, coord: Coordinator, agents: list[AgentProc], i
         if stdin is not None and not stdin_ended and coord.started and coord.aborted is None:  # agents spawn on START
             data, stdin_ended = stdin.take()
             if data or stdin_ended:
-                coord.send_each("agent", protocol.STDIN, data=data, eof=stdin_ended)
+                ended = end_lines_at_echo(stdin.fd) if stdin.echoed_line(data) else []
+                coord.send_each("agent", protocol.STDIN, data=data, eof=stdin_ended, lines_ended=ended)
         if interrupted and coord.aborted is None:
             log(f"{signal.Signals(interrupted[0]).name} received, stopping every rank on every host")
             coord.abort("stopped by the user", signum=interrupted[0])

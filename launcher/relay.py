@@ -93,6 +93,13 @@ class Output:
             if self._is(self.screen.open_by, writer):
                 self.write(writer, b"\n")
 
+    def is_file(self, fd: int) -> bool:
+        """Whether this output is the same open file as ``fd`` (a terminal: the launcher's stdin)."""
+        try:
+            return os.path.sameopenfile(self._stream().fileno(), fd)
+        except (OSError, ValueError):  # closed, or not a file
+            return False
+
     def _is(self, key: tuple[object, Output] | None, writer: object) -> bool:
         """Whether ``key`` (``Screen.open_by``, ``Screen.cut``) is ``writer`` on this output."""
         return key is not None and key[0] is writer and key[1] is self
@@ -111,6 +118,20 @@ def join_if_one_file() -> None:
         return
     if same:
         STDERR.screen = STDOUT.screen
+
+
+def end_lines_at_echo(fd: int) -> list[str]:
+    """The terminal at ``fd`` (the launcher's stdin) echoed a line typed there, Enter and all:
+    the line left open on it (a rank's prompt) has ended. Forget it on the outputs that are that
+    terminal, so that the next piece there does not end it again (a blank line); their names
+    ("stdout", "stderr"), for the agents to forget their ranks' open lines on them too."""
+    ended = []
+    for name, output in (("stdout", STDOUT), ("stderr", STDERR)):
+        if output.is_file(fd):
+            with output.screen.lock:
+                output.screen.open_by = output.screen.cut = None
+            ended.append(name)
+    return ended
 
 
 class Relay(threading.Thread):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import termios
 import threading
 
 READ_BYTES = 4096  # a control message each; well under protocol.CONTROL_MAX_BYTES
@@ -25,6 +26,7 @@ class StdinRelay:
     a restart, the next attempt's ranks get what is typed from then on."""
 
     def __init__(self, fd: int = 0) -> None:
+        self.fd = fd
         self._chunks: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self.ended = False  # the end of input has been taken
         if _ours_to_read(fd):
@@ -45,6 +47,20 @@ class StdinRelay:
             data += chunk
             self.ended = not chunk
         return data, self.ended
+
+    def echoed_line(self, data: bytes) -> bool:
+        """Whether ``data``, just taken, ended a line on the terminal it was typed at: the
+        terminal echoed what was typed, Enter included, so the cursor is at a line's start. A
+        rank's prompt had left its line open there ("(Pdb) "), and the rank's answer to the
+        command typed went on as the rest of that line, without its "[rank K]": the relays
+        must know that the terminal ended it (``relay.end_lines_at_echo``)."""
+        if not data.endswith(b"\n"):
+            return False
+        try:
+            lflag = termios.tcgetattr(self.fd)[3]
+        except (termios.error, OSError):  # not a terminal: a pipe echoes nothing
+            return False
+        return bool(lflag & termios.ICANON and lflag & (termios.ECHO | termios.ECHONL))
 
     def _read(self, fd: int) -> None:
         # The raw fd, not sys.stdin: a daemon thread blocked in a buffered reader aborts

@@ -249,6 +249,30 @@ print("SIZE", tuple(shutil.get_terminal_size()), os.environ.get("MACFLEET_TERMIN
 """
 
 
+def read_terminal(leader: int, deadline: float) -> bytes:
+    """What a terminal shows (read from its ``leader`` end) until every process holding it has
+    closed it, or ``deadline`` (monotonic)."""
+    shown = b""
+    while time.monotonic() < deadline:
+        if not select.select([leader], [], [], 1)[0]:
+            continue
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # EIO: every process holding the terminal has closed it
+            break
+        if not data:
+            break
+        shown += data
+    return shown
+
+
+def take_terminal() -> None:
+    """In a child started in a session of its own, with a terminal as stdin: make it the
+    session's controlling terminal, as a shell does, so that the child is its foreground and
+    reads what is typed there."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 def test_ranks_get_the_width_of_the_launcher_s_terminal_less_their_prefix(tmp_path) -> None:
     """A rank's output is a pipe, so its progress bars (tqdm, rich) took 80 columns whatever
     the terminal: the ranks get COLUMNS and LINES from the launcher's terminal, less the width
@@ -261,18 +285,8 @@ def test_ranks_get_the_width_of_the_launcher_s_terminal_less_their_prefix(tmp_pa
     proc = subprocess.Popen(launch_command("--nproc", "2", str(script)), stdin=subprocess.DEVNULL, stdout=follower,
                             stderr=subprocess.PIPE, env=env, start_new_session=True)
     os.close(follower)
-    shown, deadline = b"", time.monotonic() + 60
     try:
-        while time.monotonic() < deadline:
-            if not select.select([leader], [], [], 1)[0]:
-                continue
-            try:
-                data = os.read(leader, 4096)
-            except OSError:  # EIO: every process holding the terminal has closed it
-                break
-            if not data:
-                break
-            shown += data
+        shown = read_terminal(leader, time.monotonic() + 60)
         assert proc.wait(timeout=60) == 0, shown
     finally:
         kill_group(proc.pid)
@@ -1034,34 +1048,52 @@ def test_ranks_waiting_for_one_in_pdb_or_at_a_prompt_are_not_a_stall(shm: str, a
     next heartbeat said it was through). A prompt of the script's own (``input()``; a line read
     from ``sys.stdin`` itself; ``getpass``, as a hub's login asks for a token) was aborted
     alike. (Over sockets, the prompts stand for pdb too: what a rank waits for is the same.)
-    With ``input``, stdout and stderr are one pipe, as on a terminal: the launcher's note (on
-    stderr) went on after the prompt (on stdout), on its line."""
-    one = asks == "input"
+
+    With ``input``, the launcher runs on a terminal, where the user types: the launcher's note
+    (on stderr) went on after the prompt (on stdout), on its line; and once the answer was
+    typed, the terminal's echo had ended the prompt's line, but the rank's next line came as
+    the rest of it, without "[rank 0]"."""
+    terminal = asks == "input"
+    if terminal:
+        leader, follower = pty.openpty()
+        streams: dict = {"stdin": follower, "stdout": follower, "stderr": follower, "preexec_fn": take_terminal}
+    else:
+        streams = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     proc = subprocess.Popen(launch_command("--nproc", "2", "--stall-timeout", "2", str(BIN / "debugger.py"), "wait",
                                            asks),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT if one else subprocess.PIPE,
-                            start_new_session=True, env={**os.environ, "MACFLEET_TIMEOUT": "3", "MACFLEET_SHM": shm})
-    # what each prompt writes, and where (getpass: on stderr, a rank having no terminal)
-    prompt, stream = {"pdb": (b"(Pdb)", proc.stdout), "input": (b"[y/N]", proc.stdout),
-                      "readline": (b"[y/N]", proc.stdout), "getpass": (b"token:", proc.stderr)}[asks]
+                            **streams, start_new_session=True,
+                            env={**os.environ, "MACFLEET_TIMEOUT": "3", "MACFLEET_SHM": shm})
+    if terminal:
+        os.close(follower)
+        fd, prompt = leader, b"[y/N]"
+    else:  # what each prompt writes, and where (getpass: on stderr, a rank having no terminal)
+        prompt, stream = {"pdb": (b"(Pdb)", proc.stdout), "readline": (b"[y/N]", proc.stdout),
+                          "getpass": (b"token:", proc.stderr)}[asks]
+        fd = stream.fileno()
     try:
         seen, deadline = b"", time.monotonic() + 60
         while prompt not in seen and time.monotonic() < deadline and proc.poll() is None:
-            if select.select([stream], [], [], 0.5)[0]:
-                seen += os.read(stream.fileno(), 65536)
+            if select.select([fd], [], [], 0.5)[0]:
+                seen += os.read(fd, 65536)
         assert prompt in seen, seen
         time.sleep(5)  # the user reads the code: past the stall's abort (4 s) and the collective timeout (3 s)
-        out, err = proc.communicate(b"c\n", timeout=60)
-        err = err or b""
+        if terminal:
+            os.write(leader, b"c\n")
+            out, err = read_terminal(leader, time.monotonic() + 60), b""
+            proc.wait(timeout=60)
+        else:
+            out, err = proc.communicate(b"c\n", timeout=60)
     finally:
         kill_group(proc.pid)
+        if terminal:
+            os.close(leader)
     assert proc.returncode == 0, (seen + out, err)
     assert (seen + out).count(b"past the barrier") == 2
     why = b"in a debugger" if asks == "pdb" else b"waiting for what you type"
     note = b"macfleet: rank 0 (localhost) is " + why + b"; rank 1 is waiting for it in all_reduce"
     assert note in seen + out + err, (seen + out, err)
-    if one:
+    if terminal:
         assert b"\n" + note in seen + out, seen + out  # on a line of its own, not on after the prompt
-    if asks != "pdb":
+        assert b"c\r\n[rank 0] read 'c'" in seen + out, seen + out  # the echo, then the rank's line
+    elif asks != "pdb":
         assert b"read 'c'" in seen + out, seen + out

@@ -388,6 +388,7 @@ class Agent:
                 if msg.get("signal") in PASSED_ON:
                     self.interrupt = PASSED_ON[msg["signal"]]
             elif msg.get("kind") == protocol.STDIN:
+                self._lines_ended(msg.get("lines_ended") or [])
                 self._feed(bytes(msg.get("data") or b""), bool(msg.get("eof")))
             elif msg.get("kind") == protocol.STACKS:
                 self._ask_for_dump(msg.get("rank"))
@@ -530,6 +531,17 @@ class Agent:
         if owner is not None and (prefix is None or owner == prefix):
             self._open_line[id(sink)] = None
             _write(sink, b"\n")
+
+    def _lines_ended(self, names: list[str]) -> None:
+        """The launcher's terminal echoed a line typed there (``relay.end_lines_at_echo``): a
+        rank's line open on these of our outputs ("stdout", "stderr") has ended, before the
+        rank reads what was typed. Its answer starts a line, with its prefix: after pdb's
+        "(Pdb) n", the rank's "> train.py(12)" came without its "[rank K]"."""
+        with self.out_lock:
+            for name in names:
+                sink = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}.get(name)
+                if sink is not None:
+                    self._open_line[id(sink)] = None
 
     def _show(self, sink: IO[bytes], prefix: bytes, piece: bytes, at_start: bool) -> bool:
         """Write one piece of a rank's output to ``sink`` (under ``out_lock``); whether the rank's
