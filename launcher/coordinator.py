@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, TypeVar
+from typing import Any, Callable
 
 import zmq
 
 from macfleet import netaddr, protocol, wire
+from macfleet.launcher.agreement import Agreement
+from macfleet.launcher.groups import ranks_text
 from macfleet.launcher.tracefile import TraceFile
 from macfleet.protocol import WorkerExit
-
-K = TypeVar("K")
-V = TypeVar("V", bound=Hashable)
-
 
 @dataclass
 class Failure:
@@ -104,15 +102,7 @@ class Coordinator:
         self.devices: dict[int, str] = {}  # rank -> the device it trains on, from registrations
         self.lost: set[str] = set()  # peers whose heartbeats stopped ("agent-1", "rank-3")
         self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it reported (doctor's link probes)
-        # (line, number there) -> rank -> its sampler's, till every rank's has come
-        self.datasets: dict[tuple[str, int], dict[int, SamplerNote]] = {}
-        self._datasets_said: set[tuple[SamplerNote, ...]] = set()  # the ranks' notes looked at already
-        # rank -> digests of the inputs of its first training forwards (``macfleet.batches``)
-        self.batches: dict[int, dict[int, str | None]] = {}
-        self._batches_told = False  # rank 0 warned of a loader that reads a whole dataset: the same mistake
-        # round (1: at init, 2: since, at the first training step) -> host -> its first rank's
-        # digests of the script's modules imported
-        self.sources: dict[int, dict[str, dict[str, str]]] = {}
+        self.agreement = Agreement(world_size, num_agents)  # the ranks' data and code, compared
         self.samples: dict[int, Sample] = {}  # rank -> its latest answer to a STACKS request (a stall, a silence)
         self._recheck: Recheck | None = None
         self._to_show: set[int] = set()  # ranks asked where they are for the log, not for a recheck alone
@@ -442,66 +432,17 @@ class Coordinator:
             self.reports[rank] = dict(msg.get("data") or {})
 
     def _on_dataset(self, msg: dict[str, Any], peer: Peer) -> None:
-        """A rank's DistributedSampler and its dataset (``SamplerNote``): once every rank's made
-        at that line (and as many times) has come, say how they differ, if they do
-        (``samplers_differ``). The job goes on: which copy of the data is right is the user's
-        to say."""
-        sender, site, made = str(msg.get("from")), msg.get("site"), msg.get("made")
-        if not sender.startswith("rank-") or not isinstance(site, str) or not isinstance(made, int):
-            raise wire.BadMessage("bad dataset note")
-        k = (site, made)
-        notes = self.datasets.setdefault(k, {})
-        notes[int(sender[5:])] = SamplerNote.of(msg)
-        if len(notes) < self.world_size:
-            return
-        del self.datasets[k]
-        said = tuple(notes[rank] for rank in sorted(notes))
-        if said in self._datasets_said:  # a sampler made anew each epoch: said once
-            return
-        self._datasets_said.add(said)
-        warning = samplers_differ(k, notes)
-        if warning:
-            self.log(f"warning: {warning}")
+        self._warn(self.agreement.dataset(msg))
 
     def _on_batch(self, msg: dict[str, Any], peer: Peer) -> None:
-        """A digest of the inputs of a rank's ``forward``-th training forward: once every rank's
-        first ``BATCH_FORWARDS`` have come, name the ranks that got the same (``same_batches``),
-        unless rank 0 has warned of the loader that makes them. The job goes on as written."""
-        sender, forward, digest = str(msg.get("from")), msg.get("forward"), msg.get("digest")
-        if not sender.startswith("rank-") or not isinstance(forward, int) or not isinstance(digest, (str, type(None))) \
-                or not 1 <= forward <= protocol.BATCH_FORWARDS or len(digest or "") > 64:
-            raise wire.BadMessage("bad batch note")
-        rank = int(sender[5:])
-        self._batches_told = self._batches_told or (rank == 0 and msg.get("told") is True)
-        notes = self.batches.setdefault(rank, {})
-        notes[forward] = digest
-        complete = {r: d for r, d in self.batches.items() if len(d) == protocol.BATCH_FORWARDS}
-        if len(notes) != protocol.BATCH_FORWARDS or len(complete) != self.world_size:
-            return
-        warning = None if self._batches_told else same_batches(
-            {r: tuple(d[k] for k in range(1, protocol.BATCH_FORWARDS + 1)) for r, d in sorted(complete.items())})
-        if warning:
-            self.log(f"warning: {warning}")
+        self._warn(self.agreement.batch(msg))
 
     def _on_sources(self, msg: dict[str, Any], peer: Peer) -> None:
-        """A host's first rank's digests of the script's modules (``macfleet.sources``), those
-        imported by init (round 1) or since, by the first training step (round 2): once every
-        host's of a round have come, name the modules whose copies differ between hosts. In
-        round 2 a module that some host has not imported is no difference: a script may import
-        one on rank 0 alone (its logging), and one missing where it is imported fails there."""
-        sender, files, round_ = str(msg.get("from")), msg.get("files"), msg.get("round", 1)
-        if not sender.startswith("rank-") or not isinstance(files, dict) or round_ not in (1, 2):
-            raise wire.BadMessage("bad sources")
-        reports = self.sources.setdefault(round_, {})
-        reports[self.hosts.get(int(sender[5:]), sender)] = {str(k): str(v) for k, v in files.items()}
-        if len(reports) != self.num_agents:
-            return
-        odd = odd_copies(reports, imported_by_all=round_ == 2)
-        if odd:
-            named = "; ".join(f"{name} on {', '.join(hosts)}" for name, hosts in odd[:10])
-            which = "modules of the script" if round_ == 1 else "modules that the script imported after macfleet.init()"
-            self.log(f"warning: {which} are not the same on every host (edits not copied to every Mac?), and each "
-                     f"host runs its own: {named}{' ...' if len(odd) > 10 else ''}")
+        self._warn(self.agreement.sources(msg, self.hosts))
+
+    def _warn(self, warning: str | None) -> None:
+        if warning:
+            self.log(f"warning: {warning}")
 
     def ring_table(self) -> str:
         links = {rank: hello.get("link") or "?" for hello in self.hellos.values()
@@ -644,7 +585,7 @@ class Coordinator:
         if not late:
             return
         joined = sorted(self.registered)
-        self.log(f"rank{'s' if len(joined) > 1 else ''} {spans(joined)} called macfleet.init() "
+        self.log(f"{ranks_text(joined)} called macfleet.init() "
                  f"{now - self._first_joined:.0f} s ago "
                  f"and wait{'' if len(joined) > 1 else 's'} for "
                  f"{', '.join(f'rank {r} ({self._host_of(r)})' for r in late[:8])}"
@@ -858,134 +799,3 @@ def _fewer_steps(op: str) -> str:
     return ("; in DataParallel that means fewer training steps: every rank must run as many batches as the others "
             "(macfleet.DistributedSampler gives every rank the same number), or train inside `with model.join():`, "
             "where a rank out of batches takes part in the others' steps")
-
-
-@dataclass(frozen=True)
-class SamplerNote:
-    """What a rank's DistributedSampler of the job says of itself (``runtime.note_dataset``):
-    its dataset's length, which samples of its base a ``Subset`` holds (a digest; None for
-    another dataset), and the options that make its order."""
-
-    length: int
-    subset: str | None
-    order: tuple[tuple[str, str], ...]  # seed, shuffle, drop_last and shares, each by its name, as text
-
-    @staticmethod
-    def of(msg: dict[str, Any]) -> SamplerNote:
-        length, subset, order = msg.get("length"), msg.get("subset"), msg.get("order", {})
-        if not isinstance(length, int) or not isinstance(subset, (str, type(None))) or not isinstance(order, dict):
-            raise wire.BadMessage("bad dataset note")
-        return SamplerNote(length, subset, tuple((str(name), str(value)) for name, value in sorted(order.items())))
-
-
-def samplers_differ(k: tuple[str, int], notes: dict[int, SamplerNote]) -> str | None:
-    """How the ranks' DistributedSamplers made at ``k`` (a line, and their number there)
-    differ, or None. Each rank takes its part of a shuffle of its own dataset's indices, made by
-    its own sampler's options, so a dataset of another length (an incomplete copy on one Mac), a
-    ``Subset`` of other samples (a ``random_split`` with each rank's own seed) or other options
-    (a seed drawn from each rank's generators) make parts that overlap and miss samples, with
-    nothing else to show for it."""
-    site, made = k
-    notes = dict(sorted(notes.items()))  # groups of ranks named in rank order
-    which = f"the DistributedSamplers made at {site}" + (f", the {ordinal(made)} made there" if made > 1 else "")
-    lengths = grouped({rank: note.length for rank, note in notes.items()})
-    if len(lengths) > 1:
-        found = ", ".join(f"{n} on {ranks_text(ranks)}" for n, ranks in lengths.items())
-        return (f"the ranks' datasets differ in length ({which}): {found}. Each rank takes its part of a shuffle of "
-                f"its own dataset's indices, so the parts overlap and miss samples: every Mac must hold the same "
-                f"dataset")
-    parts = grouped({rank: note.subset for rank, note in notes.items()})
-    if len(parts) > 1:
-        found = ("each rank's holds other samples" if len(parts) == len(notes) else
-                 "; ".join(f"{ranks_text(ranks)} hold{'' if len(ranks) > 1 else 's'} {'another' if i else 'one set'}"
-                           for i, ranks in enumerate(parts.values())))
-        return (f"the ranks' datasets are different parts of their data ({which}: a Subset of "
-                f"{lengths.popitem()[0]} samples on every rank, but {found}). A random_split splits with the rank's "
-                f"own generator, which macfleet seeds with seed + rank, so each rank trains on samples the others "
-                f"hold out: split with the same generator on every rank, random_split(dataset, sizes, "
-                f"generator=torch.Generator().manual_seed(0))")
-    options = []
-    for name, _ in next(iter(notes.values())).order:
-        values = grouped({rank: dict(note.order).get(name) for rank, note in notes.items()})
-        if len(values) > 1:
-            options.append(f"{name} " + ", ".join(f"{value} on {ranks_text(ranks)}" for value, ranks in values.items()))
-    if not options:
-        return None
-    return (f"the ranks' DistributedSamplers are made with different options ({which}): {'; '.join(options)}. "
-            f"Each rank takes its part of its own sampler's order, so the parts overlap and miss samples: give "
-            f"every rank's the same (macfleet seeds rank r's generators with seed + r, so a seed drawn from them "
-            f"differs from rank to rank)")
-
-
-def same_batches(digests: dict[int, tuple[str | None, ...]]) -> str | None:
-    """Which ranks got the same inputs as another rank in each of their first training forwards
-    (digests in forward order, by rank), or None. A rank whose inputs did not change from one
-    forward to the next (one fixed batch, as in a benchmark) or that held no tensor to read is
-    let be: only data that moves on from batch to batch and is the same on two ranks is a
-    dataset read twice."""
-    moving = {rank: d for rank, d in digests.items() if None not in d and len(set(d)) > 1}
-    alike = [ranks for ranks in grouped(moving).values() if len(ranks) > 1]
-    if not alike:
-        return None
-    forwards = len(next(iter(digests.values())))
-    if len(alike) == 1 and len(alike[0]) == len(digests):
-        who = (f"the ranks train on the same batches: the first {forwards} training forwards of every rank got "
-               f"the same inputs as every other rank's, so the {len(digests)} ranks together go no faster than one")
-    else:
-        groups = " and of ".join(ranks_text(ranks) for ranks in alike)
-        who = (f"some ranks train on the same batches: the first {forwards} training forwards of {groups} got the "
-               f"same inputs{' (each group its own)' if len(alike) > 1 else ''}, so they go through the same samples")
-    return (f"{who}. Each rank must read its own part of the data: a DataLoader over a dataset with a length "
-            f"takes sampler=macfleet.DistributedSampler(dataset); an IterableDataset must yield each rank its own "
-            f"part, split by macfleet.rank() and macfleet.world_size() (not by macfleet.local_rank(), which "
-            f"repeats on every Mac)")
-
-
-def ordinal(n: int) -> str:
-    """2 -> '2nd', 11 -> '11th'."""
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-def ranks_text(ranks: list[int]) -> str:
-    """'rank 2', 'ranks 0-1'."""
-    return f"rank{'s' if len(ranks) > 1 else ''} {spans(ranks)}"
-
-
-def grouped(values: dict[K, V]) -> dict[V, list[K]]:
-    """The keys that hold each value, each group in the order of its first key."""
-    by_value: dict[V, list[K]] = {}
-    for key, value in values.items():
-        by_value.setdefault(value, []).append(key)
-    return by_value
-
-
-def spans(ranks: list[int]) -> str:
-    """Sorted ranks in runs: [0, 1, 2, 5] -> '0-2, 5'."""
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def odd_ones(values: dict[K, V]) -> list[K]:
-    """The keys whose value is not the one most keys share, or every key where no one value
-    leads; none where all agree (the launcher's tables of hosts that differ mark these)."""
-    groups = grouped(values)
-    if len(groups) < 2:
-        return []
-    ranked = sorted(groups.values(), key=len, reverse=True)
-    leads = len(ranked[0]) > len(ranked[1])
-    return [key for group in (ranked[1:] if leads else ranked) for key in group]
-
-
-def odd_copies(copies: dict[str, dict[str, str]], imported_by_all: bool = False) -> list[tuple[str, list[str]]]:
-    """``copies``: each host's digest of each file. The files whose copies differ, each with the
-    hosts whose copy is odd (``odd_ones``; a host that has no such file counts as a copy of its
-    own, unless ``imported_by_all``: then only the files every host has are compared)."""
-    names = set.intersection(*map(set, copies.values())) if imported_by_all else set().union(*copies.values())
-    odd = [(name, odd_ones({host: files.get(name) for host, files in copies.items()})) for name in sorted(names)]
-    return [(name, hosts) for name, hosts in odd if hosts]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from macfleet.launcher import hints
-from macfleet.launcher.coordinator import Failure, odd_ones, spans
+from macfleet.launcher.coordinator import Failure
+from macfleet.launcher.groups import odd_ones, ranks_text
 from macfleet.protocol import WorkerExit
 
 
@@ -73,7 +74,7 @@ def collectives_report(exits: dict[int, WorkerExit]) -> list[str]:
         if k == LISTED_RANKS:
             lines.append(f"  ... and {sum(len(r) for r in list(groups.values())[k:])} more ranks")
             break
-        lines.append(f"  rank{'s' if len(ranks) > 1 else ''} {spans(ranks)}:")
+        lines.append(f"  {ranks_text(ranks)}:")
         lines += ["    " + line for line in made.splitlines()]
     return lines
 

@@ -11,7 +11,7 @@ same samples with nothing to show for it:
   every rank.
 What all of these show is the inputs themselves. At each of its first ``FORWARDS`` training
 forwards, a rank's DataParallel sends the launcher a digest of the inputs (``inputs_digest``),
-and the launcher names the ranks whose inputs were the same (``coordinator.same_batches``).
+and the launcher names the ranks whose inputs were the same (``launcher.agreement.same_batches``).
 Through the launcher rather than a collective: the notes cost the training loop no wait, and
 a rank out of batches inside ``join()``, which makes no forward, only leaves the check unsaid.
 """

@@ -34,7 +34,7 @@ from conftest import BIN, MNIST, write_idx
 from macfleet import ConfigError, hostops, netaddr, whereabouts, wire
 from macfleet.backends import CudaDevice, Device, MpsDevice, PolledEvent, check_tensor
 from macfleet.env import WorkerEnv
-from macfleet.launcher.coordinator import odd_copies, same_batches
+from macfleet.launcher.agreement import odd_copies, same_batches
 from macfleet.launcher.hosts import parse_hostfile, parse_hosts
 from macfleet.launcher.relay import Output, Relay, Screen
 from macfleet.launcher.report import pace_report, stood_by_report
