@@ -3,8 +3,8 @@
 It reads its ``AgentSpec`` as one JSON line on stdin (the secret travels there, never in
 argv), says hello to the coordinator with this host's facts, and on ``start`` spawns its
 ranks as fresh interpreters (never forked from a process that imported torch), each leading
-its own process group. It streams their output with ``[rank K]`` prefixes, reports every exit
-with the rank's error file, and stops its ranks (SIGTERM, grace, SIGKILL to the group) when
+its own process group. It streams their output with ``[rank K]`` prefixes (``rank_output``),
+reports every exit with the rank's error file, and stops its ranks (SIGTERM, grace, SIGKILL to the group) when
 the coordinator aborts, when the launcher goes away (stdin closes: the launcher died, or the
 ssh connection did), or when it is itself told to stop. The agent of rank 0's host also serves
 the job's torch.distributed store (``macfleet.workers.store``) until every rank of the job is out.
@@ -36,10 +36,11 @@ from macfleet import netaddr, openfiles, protocol, segments, sources
 from macfleet.commands import module_command
 from macfleet.control import ControlClient
 from macfleet.env import physical_memory, shared_memory_fraction
-from macfleet.lines import WholeLines, ends_line, forward_nowhere, pieces
+from macfleet.lines import WholeLines, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
 from macfleet.workers import dumps, leftovers
 from macfleet.workers.awake import keep_awake, let_sleep
+from macfleet.workers.rank_output import RankOutput, open_logs
 
 TAIL_LINES = 40
 CATCH_UP_S = 2.0  # a rank's exit waits at most this long for its last output to be read
@@ -296,8 +297,7 @@ class Agent:
         self.workers: list[Worker] = []
         # per-job scratch: error files and the shared-memory segment
         self.tmpdir = make_scratch(spec)
-        self.out_lock = threading.Lock()
-        self._open_line: dict[int, bytes | None] = {}  # by id(sink): the prefix of the rank whose line is open there
+        self.output = RankOutput(spec.host)  # what its ranks write, prefixed, and their logs
         self.launcher_gone = threading.Event()
         self.stop_reason: str | None = None
         self.stopped_why: str | None = None  # for the exits, when this agent stops its ranks on its own
@@ -313,8 +313,6 @@ class Agent:
         self._next_beat = 0.0
         self.store_socket: socket.socket | None = None  # host 0: bound now, served by the store process
         self.store: subprocess.Popen | None = None
-        self.logs: dict[int, IO[bytes]] = {}  # by rank, with --log-dir
-        self.lost_logs: set[str] = set()  # the paths of those that could not be written (a full disk)
         self.awake: subprocess.Popen | None = None  # holds a Mac awake while its ranks run
         self._dumps: dict[int, _Dump] = {}  # by rank: stacks asked for and not sent yet
         # Nothing is ever written to this pipe: its read end reaches EOF when this process is gone,
@@ -330,7 +328,7 @@ class Agent:
         try:
             self.data_addrs = data_addresses(self.spec, networks)
             check_open_files(self.spec)
-            self.logs = open_logs(self.spec)
+            self.output.logs = open_logs(self.spec)
         except (ValueError, OSError) as exc:
             print(f"macfleet agent on {self.spec.host}: {exc}", file=sys.stderr, flush=True)
             shutil.rmtree(self.tmpdir, ignore_errors=True)
@@ -388,7 +386,7 @@ class Agent:
                 if msg.get("signal") in PASSED_ON:
                     self.interrupt = PASSED_ON[msg["signal"]]
             elif msg.get("kind") == protocol.STDIN:
-                self._lines_ended(msg.get("lines_ended") or [])
+                self.output.lines_ended(msg.get("lines_ended") or [])
                 self._feed(bytes(msg.get("data") or b""), bool(msg.get("eof")))
             elif msg.get("kind") == protocol.STACKS:
                 self._ask_for_dump(msg.get("rank"))
@@ -433,7 +431,7 @@ class Agent:
         worker = Worker(rank, local_rank, proc, error_file)
         prefix = rank_prefix(self.spec, rank)
         shown = self.spec.show_ranks is None or rank in self.spec.show_ranks
-        log = self.logs.get(rank)
+        log = self.output.logs.get(rank)
         sinks = (sys.stdout.buffer, sys.stderr.buffer) if shown else (None, None)
         for stream, sink, tail in ((proc.stdout, sinks[0], None), (proc.stderr, sinks[1], worker.tail)):
             ended_r, ended_w = os.pipe()
@@ -487,84 +485,23 @@ class Agent:
             if not piece:  # all the rank wrote is forwarded, and in the tail
                 caught_up.set()
                 continue
-            with self.out_lock:
-                if log is not None and not self._log(log, piece):
+            with self.output.lock:
+                if log is not None and not self.output.log(log, piece):
                     log = None  # a full disk: the rest goes to the terminal only, as the agent said
                 if sink is not None:
-                    at_start = self._show(sink, prefix, piece, at_start)
+                    at_start = self.output.show(sink, prefix, piece, at_start)
             done = lines.add(piece) if lines is not None else None
             if tail is not None and done:
                 tail.append(done)
         done = lines.rest() if lines is not None else None
         if tail is not None and done:
             tail.append(done)
-        with self.out_lock:
+        with self.output.lock:
             if sink is not None:
-                self._end_line(sink, prefix)  # the rank ended mid-line
+                self.output.end_line(sink, prefix)  # the rank ended mid-line
         stream.close()
         os.close(ended)
         caught_up.set()
-
-    def _log(self, log: IO[bytes], piece: bytes) -> bool:
-        """Append a piece of a rank's output to its log (under ``out_lock``). A write that fails
-        (a full disk, most often) is said once, on a line of its own, and the log is given up:
-        --log-dir's copy ends there, where the user would otherwise find it cut without a word."""
-        if log.name in self.lost_logs:  # the rank's other stream found it so
-            return False
-        try:
-            log.write(piece)
-            return True
-        except ValueError:  # closed at the agent's end: what a rank's orphaned child still writes is dropped
-            return False
-        except OSError as exc:
-            self.lost_logs.add(log.name)
-            for sink in (sys.stdout.buffer, sys.stderr.buffer):
-                self._end_line(sink)  # a rank's line left open (a progress bar): ours goes on a line of its own
-            print(f"macfleet agent on {self.spec.host}: cannot write {log.name} ({exc.strerror or exc}): that log "
-                  f"ends at {log.tell()} bytes, and the rank's output goes on only here", file=sys.stderr, flush=True)
-            return False
-
-    def _end_line(self, sink: IO[bytes], prefix: bytes | None = None) -> None:
-        """End the line a rank left open on ``sink`` (under ``out_lock``); with ``prefix``, only
-        if it is that rank's."""
-        owner = self._open_line.get(id(sink))
-        if owner is not None and (prefix is None or owner == prefix):
-            self._open_line[id(sink)] = None
-            _write(sink, b"\n")
-
-    def _lines_ended(self, names: list[str]) -> None:
-        """The launcher's terminal echoed a line typed there (``relay.end_lines_at_echo``): a
-        rank's line open on these of our outputs ("stdout", "stderr") has ended, before the
-        rank reads what was typed. Its answer starts a line, with its prefix: after pdb's
-        "(Pdb) n", the rank's "> train.py(12)" came without its "[rank K]"."""
-        with self.out_lock:
-            for name in names:
-                sink = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}.get(name)
-                if sink is not None:
-                    self._open_line[id(sink)] = None
-
-    def _show(self, sink: IO[bytes], prefix: bytes, piece: bytes, at_start: bool) -> bool:
-        """Write one piece of a rank's output to ``sink`` (under ``out_lock``); whether the rank's
-        next piece starts a line. A line may arrive in pieces (a progress bar redrawn with \\r):
-        the prefix goes before its first piece only, and a line another rank left open is ended
-        before this rank writes.
-
-        While another rank's line is open (its progress bar), this rank's redraws are not shown:
-        each one started a line of its own, and with tqdm on every rank (10 redraws a second
-        each) the terminal scrolled a line per redraw. A redraw is a state the next one replaces;
-        the bar's last state ends with a newline and is shown, as are whole lines, and
-        ``--log-dir`` keeps every redraw."""
-        owner = self._open_line.get(id(sink))
-        ours = owner == prefix and not at_start  # our line is open: this piece continues it
-        if piece == b"\r" and (at_start or owner != prefix):
-            return True  # a redraw with nothing drawn on this line yet: nothing to show
-        if owner is not None and owner != prefix:
-            if piece.endswith(b"\r"):
-                return True  # a redraw of ours while another rank's line is open: not shown
-            _write(sink, b"\n")  # another rank's bar would be overwritten, or run on into ours
-        _write(sink, (b"" if ours else prefix) + piece)
-        self._open_line[id(sink)] = None if piece.endswith(b"\n") else prefix
-        return ends_line(piece)
 
     def _ask_for_dump(self, rank: object) -> None:
         """The coordinator heard nothing from ``rank`` (ours?): have faulthandler dump its stacks."""
@@ -673,11 +610,7 @@ class Agent:
         if self.store_socket is not None:
             self.store_socket.close()
         let_sleep(self.awake)
-        with self.out_lock:  # a pump still draining a rank's orphaned child writes no more
-            for log in self.logs.values():
-                log.close()
-        cut = sorted(rank for rank, log in self.logs.items() if log.name in self.lost_logs)
-        self.client.send(protocol.DONE, host_index=self.spec.host_index, cut_logs=cut)
+        self.client.send(protocol.DONE, host_index=self.spec.host_index, cut_logs=self.output.close_logs())
         self.client.close()
         self.ctx.destroy(linger=1000)
         segments.release(self.tmpdir)  # shared-memory objects a crash left (macOS)
@@ -712,48 +645,6 @@ class Agent:
             self.stopped_why = f"its agent on {self.spec.host} received {name} and stopped it"
             if signum in PASSED_ON:  # a Ctrl-C in the terminal reaches the launcher and local agents alike
                 self.interrupt = PASSED_ON[signum]
-
-
-def _write(sink: IO[bytes], data: bytes) -> None:
-    try:
-        sink.write(data)
-        sink.flush()
-    except (OSError, ValueError) as exc:
-        # Our output is gone (the launcher died, or what read it left; a log closed): keep draining
-        # so the rank never blocks. A gone stdout or stderr goes to /dev/null from now on, or our
-        # last flush at exit would print a BrokenPipeError to the launcher, over ssh. (One that is
-        # only full for now, non-blocking, loses this piece.)
-        if sink in (sys.stdout.buffer, sys.stderr.buffer) and not isinstance(exc, BlockingIOError):
-            forward_nowhere(sink.fileno(), exc if isinstance(exc, OSError) else None)
-
-
-def open_logs(spec: AgentSpec) -> dict[int, IO[bytes]]:
-    """This host's ranks' log files under ``spec.log_dir``, opened to append (a restarted job
-    adds to them), each started with a line saying which rank and attempt follows."""
-    if spec.log_dir is None:
-        return {}
-    directory = os.path.join(spec.cwd, spec.log_dir)
-    logs: dict[int, IO[bytes]] = {}
-    try:
-        os.makedirs(directory, exist_ok=True)
-        for rank in range(spec.rank_base, spec.rank_base + spec.slots):
-            log = logs[rank] = open(os.path.join(directory, f"rank-{rank}.log"), "ab", buffering=0)
-            attempt = f", restart {spec.restart_count}" if spec.restart_count else ""
-            started = time.strftime("%Y-%m-%d %H:%M:%S")
-            header = f"--- macfleet job {spec.job_id}: rank {rank} on {spec.host}{attempt}, {started} ---\n"
-            # after a rank that ended mid-line, the header starts a line of its own
-            log.write((b"\n" if log.tell() and not _ends_with_newline(log.name) else b"") + header.encode())
-    except OSError as exc:
-        for log in logs.values():
-            log.close()
-        raise OSError(f"cannot write rank logs in {directory}: {exc.strerror or exc}") from None
-    return logs
-
-
-def _ends_with_newline(path: str) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
 
 
 def _close(stream: IO[bytes] | None) -> None:
