@@ -19,7 +19,8 @@ def after_exit(exit_: WorkerExit) -> list[str]:
 def after_error(error: dict, host: str) -> list[str]:
     """What the exception a rank raised (its error file, on ``host``) says."""
     return (_missing_module_hint(error, host) + _device_memory_hint(error, host) + _process_group_hint(error)
-            + _no_cuda_hint(error, host) + _gloo_on_mps_hint(error) + _timeout_hint(error) + _rendezvous_hint(error))
+            + _no_cuda_hint(error, host) + _gloo_on_mps_hint(error) + _float64_on_mps_hint(error) + _timeout_hint(error)
+            + _rendezvous_hint(error))
 
 
 def after_parting(exits: dict[int, WorkerExit], in_different_collectives: bool) -> list[str]:
@@ -170,6 +171,27 @@ def _gloo_on_mps_hint(error: dict) -> list[str]:
     return ["  torch.distributed has no backend for a Mac's GPU (gloo takes CPU tensors only): train on mps with "
             "macfleet.init() and macfleet.DataParallel(model), which takes DDP's options (the README's table has "
             "each call), or keep DDP on init_process_group(\"gloo\") with the model and tensors on the CPU"]
+
+
+# torch's words for a float64 tensor on a Mac's GPU (mps-facts.md section 4): Metal has no float64.
+NO_FLOAT64 = "MPS framework doesn't support float64"
+
+
+def _float64_on_mps_hint(error: dict) -> list[str]:
+    """A float64 tensor met a Mac's GPU. torch says to use float32, but not where the float64
+    came from, and on a Mac it most often came from one of two places: NumPy, whose arrays are
+    float64 by default (``torch.from_numpy(a).to("mps")``), or, with torch before MPS had its
+    kernels (torch pull request 150255), a GradScaler, whose ``unscale_`` computed in float64
+    (torch issue 142397)."""
+    if NO_FLOAT64 not in str(error.get("message")):
+        return []
+    if "grad_scaler.py" in str(error.get("traceback")):
+        return ["  this torch's GradScaler keeps its scale in float64, which a Mac's GPU does not have: train with "
+                "torch.autocast(\"mps\", dtype=torch.bfloat16) and no GradScaler (bf16 needs no loss scaling; the "
+                "MNIST example's --amp does so), or install a newer torch, whose GradScaler runs on mps"]
+    return ["  a Mac's GPU has no float64: make the tensor float32 on the CPU before it moves to mps. NumPy's arrays "
+            "are float64 unless made otherwise (torch.from_numpy(a).float().to(macfleet.device())), as is a tensor "
+            "made with dtype=torch.float64 or by .double()"]
 
 
 def _join_hint(exits: dict[int, WorkerExit]) -> list[str]:

@@ -1535,6 +1535,31 @@ def test_a_ddp_script_with_its_model_on_a_mac_s_gpu_is_answered_with_macfleet_da
         assert hint not in report(other), other
 
 
+def test_a_float64_tensor_on_a_mac_s_gpu_is_answered_with_where_it_comes_from(tmp_path) -> None:
+    """Metal has no float64, and torch's message says to use float32 but not where the float64
+    came from: on a Mac, NumPy's arrays (float64 by default), or, with a torch from before MPS
+    had GradScaler's kernels, the GradScaler's own unscale_ (torch issue 142397). torch raises
+    these only on a Mac: the text is torch's (mps-facts.md section 4), raised here from a
+    function named as torch's GradScaler file names it, or from the script."""
+    message = ("Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't support float64. "
+               "Please use float32 instead.")
+    scaler: dict[str, Any] = {}
+    exec(compile(f"def unscale_():\n    raise TypeError({message!r})\n",  # noqa: S102 - a stand-in of torch's file
+                 "/opt/python/site-packages/torch/amp/grad_scaler.py", "exec"), scaler)
+
+    def in_the_script() -> None:
+        raise TypeError(message)
+
+    by_scaler = report_of_raised(scaler["unscale_"], tmp_path / "error.json")
+    assert "this torch's GradScaler keeps its scale in float64" in by_scaler, by_scaler
+    assert "torch.from_numpy(a).float()" not in by_scaler, by_scaler
+    elsewhere = report_of_raised(in_the_script, tmp_path / "error.json")
+    assert "torch.from_numpy(a).float().to(macfleet.device())" in elsewhere, elsewhere
+    assert "GradScaler" not in elsewhere, elsewhere
+    other = report_of_raised(lambda: torch.zeros(2).to(torch.float64).view(torch.int8).view(3), tmp_path / "e.json")
+    assert "no float64" not in other, other
+
+
 def nn_module_attribute(name: str) -> object:
     """An attribute a module lacks: AttributeError("'Linear' object has no attribute ...")."""
     return getattr(torch.nn.Linear(1, 1), name)
