@@ -4,9 +4,9 @@ It reads its ``AgentSpec`` as one JSON line on stdin (the secret travels there, 
 argv), says hello to the coordinator with this host's facts, and on ``start`` spawns its
 ranks as fresh interpreters (never forked from a process that imported torch), each leading
 its own process group. It streams their output with ``[rank K]`` prefixes (``rank_output``),
-reports every exit with the rank's error file, and stops its ranks (SIGTERM, grace, SIGKILL to the group) when
-the coordinator aborts, when the launcher goes away (stdin closes: the launcher died, or the
-ssh connection did), or when it is itself told to stop. The agent of rank 0's host also serves
+reports every exit with the rank's error file, and stops its ranks (SIGTERM, grace, SIGKILL
+to the group) when the coordinator aborts, when the launcher goes away (stdin closes: the
+launcher died, or the ssh connection did), or when it is itself told to stop. The agent of rank 0's host also serves
 the job's torch.distributed store (``macfleet.workers.store``) until every rank of the job is out.
 On a Mac it keeps the Mac from sleeping while its ranks run (``macfleet.workers.awake``).
 """

@@ -1,7 +1,7 @@
 """What an agent shows of its ranks' output: each piece on the agent's own stdout or stderr
 (which the launcher relays to its terminal), with "[rank K]" at the start of each of the rank's
 lines, and as it is in the rank's log under ``--log-dir``. Ranks write at once and in pieces (a
-progress bar redrawn with \r, a prompt with no line end yet): a line one rank left open is
+progress bar redrawn with \\r, a prompt with no line end yet): a line one rank left open is
 ended before another's goes out, so no two ranks' text shares a line.
 """
 
