@@ -58,7 +58,7 @@ class Output:
         """``piece`` from ``writer`` (an agent, or the launcher), after ending a line another
         writer, or this writer on another output of the screen, left unfinished. A redraw (a
         piece ending with \\r: a rank's progress bar) is not shown while another's line is
-        open, as each agent does among its own ranks (``Agent._show``): a bar on every host
+        open, as each agent does among its own ranks (``RankOutput.show``): a bar on every host
         would scroll the terminal a line per redraw.
 
         Whatever read the output may have gone: ``macfleet launch ... 2>&1 | head`` (EPIPE), or

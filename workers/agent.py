@@ -6,9 +6,10 @@ ranks as fresh interpreters (never forked from a process that imported torch), e
 its own process group. It streams their output with ``[rank K]`` prefixes (``rank_output``),
 reports every exit with the rank's error file, and stops its ranks (SIGTERM, grace, SIGKILL
 to the group) when the coordinator aborts, when the launcher goes away (stdin closes: the
-launcher died, or the ssh connection did), or when it is itself told to stop. The agent of rank 0's host also serves
-the job's torch.distributed store (``macfleet.workers.store``) until every rank of the job is out.
-On a Mac it keeps the Mac from sleeping while its ranks run (``macfleet.workers.awake``).
+launcher died, or the ssh connection did), or when it is itself told to stop. The agent of
+rank 0's host also serves the job's torch.distributed store (``macfleet.workers.store``) until
+every rank of the job is out. On a Mac it keeps the Mac from sleeping while its ranks run
+(``macfleet.workers.awake``).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class RankOutput:
         owner = self._open_line.get(id(sink))
         if owner is not None and (prefix is None or owner == prefix):
             self._open_line[id(sink)] = None
-            write(sink, b"\n")
+            _write(sink, b"\n")
 
     def lines_ended(self, names: list[str]) -> None:
         """The launcher's terminal echoed a line typed there (``relay.end_lines_at_echo``): a
@@ -85,8 +85,8 @@ class RankOutput:
         if owner is not None and owner != prefix:
             if piece.endswith(b"\r"):
                 return True  # a redraw of ours while another rank's line is open: not shown
-            write(sink, b"\n")  # another rank's bar would be overwritten, or run on into ours
-        write(sink, (b"" if ours else prefix) + piece)
+            _write(sink, b"\n")  # another rank's bar would be overwritten, or run on into ours
+        _write(sink, (b"" if ours else prefix) + piece)
         self._open_line[id(sink)] = None if piece.endswith(b"\n") else prefix
         return ends_line(piece)
 
@@ -99,7 +99,7 @@ class RankOutput:
         return sorted(rank for rank, log in self.logs.items() if log.name in self.lost_logs)
 
 
-def write(sink: IO[bytes], data: bytes) -> None:
+def _write(sink: IO[bytes], data: bytes) -> None:
     try:
         sink.write(data)
         sink.flush()
