@@ -157,6 +157,40 @@ def test_a_launcher_started_with_ctrl_c_ignored_keeps_ignoring_it() -> None:
         proc.communicate()
 
 
+def test_a_job_started_beside_another_on_its_host_says_so() -> None:
+    """Two jobs on one Mac share its GPU, and each caps its ranks' share of the GPU's memory as
+    if it were alone (0.9 split among its own ranks), so together they may ask for more memory
+    than the Mac has, and it pages. A job forgotten in another terminal halves the next one's
+    speed. A job started beside another now says so, with what it may ask for together; a job
+    whose agent is gone (its directory not yet removed) is not counted."""
+    import shutil
+    from conftest import SCRATCH
+
+    gone = os.path.join(SCRATCH, "macfleet-gonejob-x")  # an agent killed a moment ago: its note, unlocked
+    os.makedirs(gone)
+    with open(os.path.join(gone, "agent.json"), "w") as note:
+        json.dump({"job_id": "gonejob", "pid": 1, "ranks": 8, "script": "gone.py", "started": time.time(),
+                   "device": "auto", "memory_fraction": None}, note)
+    proc, _ = start_launch("--nproc", "2", BEHAVE, "-1", "hang", ready=" ready pid=", ranks=2)
+    try:
+        second = run_launch("--nproc", "1", "--memory-fraction", "0.6", BEHAVE, "-1", "none", timeout=60)
+        assert second.code == 0, second.output
+        said = [line for line in second.stderr.splitlines() if "other macfleet job" in line]
+        assert len(said) == 1, second.output
+        assert said[0].startswith(f"macfleet agent on localhost: another macfleet job is running here: 2 ranks of "
+                                  f"{BEHAVE}, started under a minute ago"), said
+        # 2 ranks at 0.9 / 2 each and one at 0.6; shared evenly, 0.9 among 3
+        assert "together 1.50 times its memory" in said[0] and "all 3 ranks add up to 0.9 at most (0.3 each)" in said[0]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        _, first = proc.communicate()
+        assert "other macfleet job" not in first, first  # it started alone: the note of a dead agent is no job
+    finally:
+        kill_group(proc.pid)
+        proc.communicate()
+        shutil.rmtree(gone)
+
+
 INTERRUPTIBLE = """
 import os, sys, time
 import macfleet

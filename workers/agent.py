@@ -9,7 +9,8 @@ to the group) when the coordinator aborts, when the launcher goes away (stdin cl
 launcher died, or the ssh connection did), or when it is itself told to stop. The agent of
 rank 0's host also serves the job's torch.distributed store (``macfleet.workers.store``) until
 every rank of the job is out. On a Mac it keeps the Mac from sleeping while its ranks run
-(``macfleet.workers.awake``).
+(``macfleet.workers.awake``), and it says so when other macfleet jobs run there too
+(``macfleet.workers.other_jobs``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from macfleet.control import ControlClient
 from macfleet.env import physical_memory, shared_memory_fraction
 from macfleet.lines import WholeLines, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
-from macfleet.workers import dumps, leftovers
+from macfleet.workers import dumps, leftovers, other_jobs
 from macfleet.workers.awake import keep_awake, let_sleep
 from macfleet.workers.rank_output import RankOutput, open_logs
 
@@ -334,6 +335,9 @@ class Agent:
             print(f"macfleet agent on {self.spec.host}: {exc}", file=sys.stderr, flush=True)
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             return 2
+        beside = other_jobs.check_in(self.tmpdir, self.spec)
+        if beside:
+            print(beside, file=sys.stderr, flush=True)
         hello = {"host_index": self.spec.host_index, "host": self.spec.host,
                  "facts": {**host_facts(), "script": script_digest(self.spec)},
                  "data_addr": self.data_addrs[0], "data_addrs": self.data_addrs,
