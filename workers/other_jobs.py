@@ -3,7 +3,7 @@
 Each job sizes its ranks' share of the GPU's memory as if it were alone on the host (0.9 split
 among its own ranks, or ``--memory-fraction``), so two jobs on one Mac may together ask for more
 memory than the Mac has: past it, unified memory pages, many times slower (mps-facts.md section
-2). And a job forgotten in another terminal halves the speed of the next one without a word.
+2). And a job forgotten in another terminal slows the next one without a word.
 
 So each agent leaves a note in its per-job directory (``NOTE``): its job, ranks, script and
 start. It holds a lock on the note for as long as it lives, which the system lets go however the
@@ -32,7 +32,7 @@ class JobNote:
     """What an agent tells the other jobs' agents on its host."""
 
     job_id: str
-    pid: int  # the agent's: stopping it stops the job's ranks on this host
+    pid: int  # the agent's, by which the user finds the job (ps)
     ranks: int  # the job's ranks on this host
     script: str
     started: float  # time.time() when the agent started
