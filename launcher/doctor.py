@@ -17,7 +17,7 @@ from macfleet.launcher.hosts import Host
 from macfleet.launcher.launch import LaunchConfig, run_job
 from macfleet.launcher.remote import ssh_command
 from macfleet.launcher.report import VERSION_KEYS
-from macfleet.netaddr import CABLE_ADVICE, over_wifi
+from macfleet.netaddr import CABLE_ADVICE, local_network_advice, over_wifi
 
 SLOW_GBIT_S = 2.0      # below this a link is probably Wi-Fi or a congested LAN
 HIGH_LATENCY_US = 1000.0
@@ -62,6 +62,9 @@ def run_doctor(cfg: LaunchConfig) -> int:
         print(_table(["host", "ssh"], rows))
         print("\nfix: make `ssh HOST` work without a password (ssh-copy-id HOST), and install the same Python "
               "environment with macfleet and torch on every host (--python names its interpreter).")
+        advice = next((a for a in map(local_network_advice, filter(None, reach)) if a), "")
+        if advice:  # "No route to host" on macOS 15+: the terminal's permission, not the network
+            print(f"     {advice}.")
         return 1
     outcome = run_job(cfg)
     coord = outcome.coordinator

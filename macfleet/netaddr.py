@@ -9,6 +9,7 @@ import socket
 import struct
 import subprocess
 import sys
+from collections.abc import Mapping
 
 import zmq
 
@@ -53,8 +54,39 @@ def probe(address: str, port: int) -> str:
     except ConnectionRefusedError:
         return "connections are refused"
     except OSError as exc:
-        return f"connecting fails ({exc.strerror or exc})"
+        said = f"connecting fails ({exc.strerror or exc})"
+        advice = local_network_advice(said)
+        return said + (advice and f"; {advice}")
     return "the port accepts a plain TCP connection, but no ZeroMQ peer answers on it"
+
+
+NO_ROUTE = "No route to host"
+_APPS = {"iTerm.app": "iTerm", "vscode": "your editor (Visual Studio Code, Cursor...)", "WezTerm": "WezTerm",
+         "ghostty": "Ghostty", "WarpTerminal": "Warp"}
+
+
+def local_network_advice(said: str, system: tuple[str, str] | None = None,
+                         env: Mapping[str, str] | None = None, root: bool | None = None) -> str:
+    """Why a connection meets "No route to host" on macOS 15+, or "" when that cannot be the cause.
+    macOS 15 (Darwin 24) blocks a program's local-network connections unless the app it runs
+    under (the terminal) has Local Network permission, and the block reads as EHOSTUNREACH, which
+    looks like a routing or firewall fault. Root, programs started over ssh and programs started
+    from Apple's Terminal are exempt (Apple TN3179). ``system``: (sysname, release), ``env`` and
+    ``root`` default to this process's; they are arguments so every case can be tested anywhere."""
+    if NO_ROUTE not in said:
+        return ""
+    sysname, release = system or (os.uname().sysname, os.uname().release)
+    env = os.environ if env is None else env
+    root = os.geteuid() == 0 if root is None else root
+    major = release.split(".")[0]
+    if sysname != "Darwin" or not major.isdigit() or int(major) < 24 or root:
+        return ""
+    if "SSH_CONNECTION" in env or env.get("TERM_PROGRAM") == "Apple_Terminal":
+        return ""
+    app = _APPS.get(env.get("TERM_PROGRAM", ""), "the app you launched from")
+    return (f"macOS 15 and later answer so when the app this runs under lacks the Local Network permission: "
+            f"allow {app} in System Settings > Privacy & Security > Local Network (or answer Allow where "
+            "macOS asks), or launch from Terminal, which needs none")
 
 
 def route_source(addr: str) -> str:

@@ -149,6 +149,18 @@ def test_the_launcher_knows_a_mac_s_wifi_from_its_other_links() -> None:
     assert netaddr.over_wifi("en5 (Thunderbolt 1),en1 (Wi-Fi)") and not netaddr.over_wifi("en5,en6")
 
 
+def test_no_route_on_macos_15_points_at_the_local_network_permission() -> None:
+    said, mac15, iterm = "connecting fails (No route to host)", ("Darwin", "24.6.0"), {"TERM_PROGRAM": "iTerm.app"}
+    advice = netaddr.local_network_advice(said, mac15, iterm, root=False)
+    assert "allow iTerm in System Settings > Privacy & Security > Local Network" in advice
+    assert "your editor" in netaddr.local_network_advice(said, mac15, {"TERM_PROGRAM": "vscode"}, False)
+    assert "the app you launched from" in netaddr.local_network_advice(said, ("Darwin", "25.1.0"), {}, False)
+    exempt = [(said, ("Darwin", "23.6.0"), iterm, False), (said, ("Linux", "6.8.0"), iterm, False),
+              (said, mac15, {"TERM_PROGRAM": "Apple_Terminal"}, False), (said, mac15, {"SSH_CONNECTION": "x"}, False),
+              (said, mac15, iterm, True), ("connecting fails (Connection refused)", mac15, iterm, False)]
+    assert [netaddr.local_network_advice(*case) for case in exempt] == [""] * len(exempt)
+
+
 def test_a_mac_finds_its_own_end_of_the_cable_to_a_neighbour() -> None:
     """macOS's ifconfig (netmasks in hex), and the subnet that holds a neighbour's address."""
     text = ("lo0: flags=8049<UP,LOOPBACK,RUNNING,MULTICAST> mtu 16384\n\tinet 127.0.0.1 netmask 0xff000000\n"
