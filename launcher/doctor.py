@@ -64,7 +64,7 @@ def run_doctor(cfg: LaunchConfig) -> int:
               "environment with macfleet and torch on every host (--python names its interpreter).")
         advice = next((a for a in map(local_network_advice, filter(None, reach)) if a), "")
         if advice:  # "No route to host" on macOS 15+: the terminal's permission, not the network
-            print(f"     {advice}.")
+            print(f"     {advice[0].upper()}{advice[1:]}.")
         return 1
     outcome = run_job(cfg)
     coord = outcome.coordinator

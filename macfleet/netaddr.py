@@ -84,9 +84,9 @@ def local_network_advice(said: str, system: tuple[str, str] | None = None,
     if "SSH_CONNECTION" in env or env.get("TERM_PROGRAM") == "Apple_Terminal":
         return ""
     app = _APPS.get(env.get("TERM_PROGRAM", ""), "the app you launched from")
-    return (f"macOS 15 and later answer so when the app this runs under lacks the Local Network permission: "
-            f"allow {app} in System Settings > Privacy & Security > Local Network (or answer Allow where "
-            "macOS asks), or launch from Terminal, which needs none")
+    return (f"on macOS 15 and later this is also how a missing Local Network permission shows: allow {app} "
+            "in System Settings > Privacy & Security > Local Network (or answer Allow where macOS asks), "
+            "or launch from Terminal, which needs none")
 
 
 def route_source(addr: str) -> str:
