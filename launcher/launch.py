@@ -26,7 +26,7 @@ from macfleet.launcher.coordinator import Coordinator, Failure
 from macfleet.launcher.hosts import Host
 from macfleet.launcher.relay import STDERR, STDOUT, Relay, drain, end_lines_at_echo, join_if_one_file
 from macfleet.launcher.remote import SshOptions, resolve, ssh_command
-from macfleet.netaddr import CABLE_ADVICE, local_network_advice, over_wifi, route_source
+from macfleet.netaddr import CABLE_ADVICE, over_wifi, route_source, with_local_network_advice
 from macfleet.launcher.report import (failure_report, facts_table, pace_report, scripts_differ, stood_by_report,
                                       versions_differ)
 from macfleet.launcher.stdin import StdinRelay
@@ -371,8 +371,7 @@ def _agent_lost(agent: AgentProc, reached: bool, waited_s: float) -> str:
         return f"{what} {agent.host.name} was killed by {_signal_name(-code)}"
     if not agent.host.is_local and code == 255:  # ssh's own failure, or its command killed by a signal
         if not reached:
-            advice = local_network_advice(said)
-            return f"cannot reach {agent.host.ssh_target} over ssh: {said or 'no message'}" + (advice and f"; {advice}")
+            return f"cannot reach {agent.host.ssh_target} over ssh: {with_local_network_advice(said or 'no message')}"
         return (f"the agent on {agent.host.name} ended without a word after it had started (killed by a signal, "
                 f"such as macOS ending processes when memory runs out, or its ssh connection closed)"
                 + (f": {said}" if said else ""))

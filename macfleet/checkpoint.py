@@ -36,9 +36,10 @@ VERSION = 1
 # GLOBAL argparse.Namespace was not an allowed global ...", "... unsupported GLOBAL posix.mkdir
 # whose module posix is blocked", and before torch 2.4 "Unsupported class argparse.Namespace".
 REFUSED_GLOBAL = re.compile(r"(?:\bGLOBAL|Unsupported class) ([\w.]+)")
+TORCH_VERSION = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])  # (major, minor)
 # torch.load reads tensors and plain values only unless told otherwise from torch 2.6 on; before,
 # its own state dicts were not all such values (OneCycleLR's held a bound method in torch 2.1).
-WEIGHTS_ONLY_BY_DEFAULT = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 6)
+WEIGHTS_ONLY_BY_DEFAULT = TORCH_VERSION >= (2, 6)
 
 
 @dataclass

@@ -54,9 +54,7 @@ def probe(address: str, port: int) -> str:
     except ConnectionRefusedError:
         return "connections are refused"
     except OSError as exc:
-        said = f"connecting fails ({exc.strerror or exc})"
-        advice = local_network_advice(said)
-        return said + (advice and f"; {advice}")
+        return with_local_network_advice(f"connecting fails ({exc.strerror or exc})")
     return "the port accepts a plain TCP connection, but no ZeroMQ peer answers on it"
 
 
@@ -87,6 +85,12 @@ def local_network_advice(said: str, system: tuple[str, str] | None = None,
     return (f"on macOS 15 and later this is also how a missing Local Network permission shows: allow {app} "
             "in System Settings > Privacy & Security > Local Network (or answer Allow where macOS asks), "
             "or launch from Terminal, which needs none")
+
+
+def with_local_network_advice(said: str) -> str:
+    """``said``, followed by ``local_network_advice`` where it applies."""
+    advice = local_network_advice(said)
+    return said + (advice and f"; {advice}")
 
 
 def route_source(addr: str) -> str:

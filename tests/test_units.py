@@ -41,13 +41,13 @@ from macfleet.launcher.report import pace_report, stood_by_report
 from macfleet.launcher.stdin import StdinRelay
 from macfleet.lines import LONGEST, pieces
 from macfleet.buckets import Bucket, bucket_layout
+from macfleet.checkpoint import TORCH_VERSION
 from macfleet.ddp_options import input_device, to_device
 from macfleet.same_model import difference, layout
 from macfleet.sampler import DistributedSampler
 from macfleet.transport import Channel, ChannelId, Liveness
 
 SECRET = b"k" * 32
-TORCH_VERSION = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
 
 
 # -- environment contract ---------------------------------------------------------------------
