@@ -118,6 +118,42 @@ def shared_memory_fraction(processes: int) -> float | None:
     return round(0.9 / processes, 4) if processes > 1 else None
 
 
+MPS_HIGH, MPS_LOW = "PYTORCH_MPS_HIGH_WATERMARK_RATIO", "PYTORCH_MPS_LOW_WATERMARK_RATIO"
+
+
+def mps_watermarks(fraction: float | None, env: Mapping[str, str]) -> dict[str, str]:
+    """What to add to a rank's environment ``env`` for torch's MPS allocator: its hard cap (the
+    high watermark) at ``fraction`` of the GPU's memory, and the level where it starts to free
+    its cache (the low one) at 0.8 of the lowest cap. torch reads both once, at the first MPS
+    allocation, so they must be set before the rank starts (mps-facts.md section 2).
+
+    A value the user set (in their environment or with --env) is kept, and the other is made to
+    fit it: torch stops the rank at its first allocation with "invalid low watermark ratio" where
+    the low watermark is above the high one (or above 2.0 where the high one is 0, no cap), and
+    its default low one (1.4) is above any high one set to cap a process. So a user's high
+    watermark of 0.3 with two ranks on a Mac (a share of 0.45 each) gets a low one of 0.24, not
+    0.36; a user's low one of 0.5 gets a high one of 0.5, not 0.45 (the rank's
+    ``set_per_process_memory_fraction`` at init brings the cap down to its share, which torch does
+    not check against the low one)."""
+    high, low = _ratio(env.get(MPS_HIGH)), _ratio(env.get(MPS_LOW))
+    out: dict[str, str] = {}
+    if MPS_HIGH not in env and fraction is not None:
+        high = max(fraction, low or 0.0)
+        out[MPS_HIGH] = str(high)
+    caps = [cap for cap in (high, fraction) if cap]  # 0 and None are no cap
+    if MPS_LOW not in env and caps:
+        out[MPS_LOW] = str(round(0.8 * min(caps), 4))
+    return out
+
+
+def _ratio(text: str | None) -> float | None:
+    try:
+        value = float(text) if text is not None else None
+    except ValueError:
+        return None  # torch will say what is wrong with it
+    return value if value is not None and 0 <= value <= 2 else None
+
+
 def oversubscribed(fraction: float, processes: int, device: str) -> str | None:
     """A warning where ``--memory-fraction`` lets the ``processes`` that share ``device`` ask
     for more than all of its memory together (mps-facts.md, rule 4: their shares should add up

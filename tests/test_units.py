@@ -83,6 +83,43 @@ def test_what_the_agent_sets_over_env_is_what_launch_refuses_in_env() -> None:
     assert {name for name in given if env[name] != "given"} == set(AGENT_SETS)
 
 
+def _mps_allocator_accepts(env: dict[str, str]) -> bool:
+    """torch's check at its first MPS allocation (aten/src/ATen/mps/MPSAllocator.mm, init_allocator
+    and setLowWatermarkRatio), with its defaults on a Mac's unified memory: high 1.7, low 1.4."""
+    high = float(env.get("PYTORCH_MPS_HIGH_WATERMARK_RATIO", 1.7))
+    low = float(env.get("PYTORCH_MPS_LOW_WATERMARK_RATIO", 1.4))
+    return 0 <= high <= 2 and 0 <= low <= (high if high else 2.0)
+
+
+@pytest.mark.parametrize("slots, fraction", [(1, None), (2, None), (4, None), (2, 0.5)])
+@pytest.mark.parametrize("given", [{}, {"PYTORCH_MPS_HIGH_WATERMARK_RATIO": "0.3"},
+                                   {"PYTORCH_MPS_HIGH_WATERMARK_RATIO": "0.0"},
+                                   {"PYTORCH_MPS_HIGH_WATERMARK_RATIO": "0.9"},
+                                   {"PYTORCH_MPS_LOW_WATERMARK_RATIO": "0.5"}])
+def test_a_watermark_the_user_set_is_kept_and_the_other_fits_it(slots: int, fraction: float | None,
+                                                                given: dict[str, str]) -> None:
+    """A user's own PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.3 with two ranks on a Mac got the agent's
+    low watermark of 0.36 beside it, and torch stopped every rank at its first MPS allocation with
+    "invalid low watermark ratio 0.36", a value the user never set; a low one of 0.5 got a high
+    one of 0.45. A high one alone failed so under plain python too (torch's default low one is
+    1.4). Whatever the user sets, the pair torch reads passes its check, the user's values are
+    kept, and with none the cap is each rank's share."""
+    from macfleet.protocol import AgentSpec
+    from macfleet.workers.agent import worker_env
+
+    spec = AgentSpec(job_id="j", coordinator="tcp://127.0.0.1:1", secret_hex="00", host_index=0, host="mac1",
+                     data_addrs=["127.0.0.1"], rank_base=0, slots=slots, world_size=slots, script="train.py",
+                     args=[], env=given, memory_fraction=fraction)
+    env = worker_env(spec, 0, ["127.0.0.1"], "lo", "127.0.0.1", 29500, "/tmp/job/rank-0.json", 9)
+    assert _mps_allocator_accepts(env), {k: v for k, v in env.items() if "WATERMARK" in k}
+    assert all(env[name] == value for name, value in given.items())
+    share = fraction or (0.9 / slots if slots > 1 else None)
+    if not given and share:
+        assert float(env["PYTORCH_MPS_HIGH_WATERMARK_RATIO"]) == pytest.approx(share, abs=1e-4)
+    if not given and not share:  # a rank alone on its Mac: torch's own defaults
+        assert "PYTORCH_MPS_HIGH_WATERMARK_RATIO" not in env and "PYTORCH_MPS_LOW_WATERMARK_RATIO" not in env
+
+
 def test_a_world_size_from_another_launcher_is_refused_not_trained_alone() -> None:
     """Under torchrun (WORLD_SIZE set, no coordinator) each rank used to train on its shard
     alone, all_reduce returning its input unchanged."""

@@ -37,7 +37,7 @@ import zmq
 from macfleet import netaddr, openfiles, protocol, segments, sources
 from macfleet.commands import module_command
 from macfleet.control import ControlClient
-from macfleet.env import physical_memory, shared_memory_fraction
+from macfleet.env import mps_watermarks, physical_memory, shared_memory_fraction
 from macfleet.lines import WholeLines, pieces
 from macfleet.protocol import AgentSpec, WorkerExit
 from macfleet.workers import dumps, leftovers, other_jobs
@@ -238,11 +238,7 @@ def worker_env(spec: AgentSpec, local_rank: int, data_addrs: list[str], main_ifa
         env["MACFLEET_MEMORY_FRACTION"] = str(fraction)
     else:  # the MPS watermarks below: all of the host's ranks
         fraction = shared_memory_fraction(spec.slots)
-    if fraction is not None:
-        # Read once by torch at the first MPS allocation, so they must be set before the child
-        # starts; the low watermark moves with the high one (mps-facts.md section 2).
-        env.setdefault("PYTORCH_MPS_HIGH_WATERMARK_RATIO", str(fraction))
-        env.setdefault("PYTORCH_MPS_LOW_WATERMARK_RATIO", str(round(fraction * 0.8, 4)))
+    env.update(mps_watermarks(fraction, env))
     env.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
     # The launcher's terminal, less this rank's prefix (launch.terminal_env), unless --env set one
     columns, _, lines = env.pop("MACFLEET_TERMINAL", "").partition("x")
