@@ -52,8 +52,9 @@ COLUMNS, LINES                     the launcher's terminal, less the ``[rank K]`
 MALLOC_MMAP_THRESHOLD_,            32 and 64 MiB: glibc keeps freed ZeroMQ messages for reuse
 MALLOC_TRIM_THRESHOLD_             instead of page-faulting fresh memory for every one
 PYTORCH_MPS_HIGH_WATERMARK_RATIO,  set by the agent before the child imports torch, because
-PYTORCH_MPS_LOW_WATERMARK_RATIO,   torch reads them once, at import or first MPS use
-PYTORCH_ENABLE_MPS_FALLBACK
+PYTORCH_MPS_LOW_WATERMARK_RATIO,   torch reads them once, at import or first MPS use; a
+PYTORCH_ENABLE_MPS_FALLBACK        watermark the user set is kept, and the other fitted to it
+                                   (``mps_watermarks``)
 =================================  ==========================================================
 
 Tuning knobs a user may set (forwarded to every host): ``MACFLEET_STREAMS`` (socket pairs per
