@@ -130,12 +130,11 @@ def mps_watermarks(fraction: float | None, env: Mapping[str, str]) -> dict[str, 
 
     A value the user set (in their environment or with --env) is kept, and the other is made to
     fit it: torch stops the rank at its first allocation with "invalid low watermark ratio" where
-    the low watermark is above the high one (or above 2.0 where the high one is 0, no cap), and
-    its default low one (1.4) is above any high one set to cap a process. So a user's high
-    watermark of 0.3 with two ranks on a Mac (a share of 0.45 each) gets a low one of 0.24, not
-    0.36; a user's low one of 0.5 gets a high one of 0.5, not 0.45 (the rank's
-    ``set_per_process_memory_fraction`` at init brings the cap down to its share, which torch does
-    not check against the low one)."""
+    the low watermark is above the high one (or above 2.0 where the high one is 0, no cap), so a
+    high one under 1.4 (torch's default low one) set alone fails too. A user's high watermark of
+    0.3 with two ranks on a Mac (a share of 0.45 each) gets a low one of 0.24, not 0.36; a user's
+    low one of 0.5 gets a high one of 0.5, not 0.45 (the rank's ``set_per_process_memory_fraction``
+    at init brings the cap down to its share, which torch does not check against the low one)."""
     high, low = _ratio(env.get(MPS_HIGH)), _ratio(env.get(MPS_LOW))
     out: dict[str, str] = {}
     if MPS_HIGH not in env and fraction is not None:

@@ -96,7 +96,7 @@ def _mps_allocator_accepts(env: dict[str, str]) -> bool:
                                    {"PYTORCH_MPS_HIGH_WATERMARK_RATIO": "0.0"},
                                    {"PYTORCH_MPS_HIGH_WATERMARK_RATIO": "0.9"},
                                    {"PYTORCH_MPS_LOW_WATERMARK_RATIO": "0.5"}])
-def test_a_watermark_the_user_set_is_kept_and_the_other_fits_it(slots: int, fraction: float | None,
+def test_a_watermark_the_user_set_is_kept_and_the_other_fits_it(monkeypatch, slots: int, fraction: float | None,
                                                                 given: dict[str, str]) -> None:
     """A user's own PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.3 with two ranks on a Mac got the agent's
     low watermark of 0.36 beside it, and torch stopped every rank at its first MPS allocation with
@@ -107,6 +107,8 @@ def test_a_watermark_the_user_set_is_kept_and_the_other_fits_it(slots: int, frac
     from macfleet.protocol import AgentSpec
     from macfleet.workers.agent import worker_env
 
+    for name in ("PYTORCH_MPS_HIGH_WATERMARK_RATIO", "PYTORCH_MPS_LOW_WATERMARK_RATIO"):
+        monkeypatch.delenv(name, raising=False)  # the agent starts from its own environment
     spec = AgentSpec(job_id="j", coordinator="tcp://127.0.0.1:1", secret_hex="00", host_index=0, host="mac1",
                      data_addrs=["127.0.0.1"], rank_base=0, slots=slots, world_size=slots, script="train.py",
                      args=[], env=given, memory_fraction=fraction)
