@@ -130,8 +130,8 @@ def _rendezvous_hint(error: dict) -> list[str]:
 # a CUDA build on a machine without NVIDIA's driver.
 NO_CUDA = ("Torch not compiled with CUDA enabled", "module 'torch._C' has no attribute '_cuda_",
            "Found no NVIDIA driver")
-# ... and for NCCL: a torch without it (a Mac's), and a CUDA build on a machine without GPUs (before
-# torch 2.15, and from it: distributed_c10d.py's _nccl2_device).
+# ... and for NCCL: a torch without it (a Mac's), and a CUDA build on a machine without GPUs (in
+# ProcessGroupNCCL up to torch 2.14; from 2.15 init_process_group says it first, in _nccl2_device).
 NO_NCCL = ("doesn't have NCCL built in", "ProcessGroupNCCL is only supported with GPUs",
            "nccl2 requires at least one CUDA device")
 
