@@ -68,15 +68,16 @@ def _device_memory_hint(error: dict, host: str) -> list[str]:
     """A rank out of GPU memory whose GPU other ranks share: macfleet capped it at its share
     (``MACFLEET_MEMORY_FRACTION``), which torch's message does not say, and on a Mac torch's
     advice (``PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0``) cannot lift that cap, which the rank sets
-    again at init."""
+    again at init (a lower one of the user's own stands: ``env.mps_cap``)."""
     fraction = error.get("memory_fraction")
     out_of_memory = error.get("type") == "OutOfMemoryError" or "MPS backend out of memory" in str(error.get("message"))
     if not out_of_memory or not fraction:
         return []  # a GPU of its own: torch's message says all there is
     return [f"  this rank may use {fraction} of its GPU's memory: the ranks that share a GPU split 0.9 of it evenly, "
-            f"unless --memory-fraction gives each its share (which torch's PYTORCH_MPS_HIGH_WATERMARK_RATIO does "
-            f"not change). A smaller batch or model, fewer ranks on {host}, or a larger --memory-fraction gives it "
-            f"room (the shares of one GPU's ranks should add up to 1 at most: on a Mac its memory is the machine's)"]
+            f"unless --memory-fraction gives each its share (a PYTORCH_MPS_HIGH_WATERMARK_RATIO of your own may "
+            f"lower it, not raise it). A smaller batch or model, fewer ranks on {host}, or a larger "
+            f"--memory-fraction gives it room (the shares of one GPU's ranks should add up to 1 at most: on a Mac "
+            f"its memory is the machine's)"]
 
 
 def _process_group_hint(error: dict) -> list[str]:

@@ -26,7 +26,9 @@ MACFLEET_SEED                      base seed; rank r seeds its generators with s
 MACFLEET_MEMORY_FRACTION           this process's share of its GPU's memory (0 = no cap). Set by
                                    the agent where ``--memory-fraction`` was given; otherwise
                                    ``macfleet.init`` sets it to ``shared_memory_fraction`` of the
-                                   processes on the rank's device (unset for a process alone)
+                                   processes on the rank's device (unset for a process alone); on
+                                   a Mac a lower high watermark of the user's own takes its place
+                                   (``mps_cap``)
 MACFLEET_ERROR_FILE                where an uncaught exception is written as JSON
 MACFLEET_STACKS_FILE               where faulthandler dumps the rank's stacks when its agent asks
                                    (SIGUSR2): a rank that holds the GIL for good cannot answer
@@ -144,6 +146,16 @@ def mps_watermarks(fraction: float | None, env: Mapping[str, str]) -> dict[str, 
     if MPS_LOW not in env and caps:
         out[MPS_LOW] = str(round(0.8 * min(caps), 4))
     return out
+
+
+def mps_cap(fraction: float | None, env: Mapping[str, str]) -> float | None:
+    """A rank's cap on a Mac: its share ``fraction``, or a high watermark of the user's own where
+    that is lower (0.3 of a 16 GB MacBook's memory, set so that it never pages: the share would
+    raise it). One above the share, or 0 (no cap), does not lift the share: --memory-fraction
+    does. The agent sets the high watermark to the share where the user set none
+    (``mps_watermarks``), so one below the share is the user's."""
+    high = _ratio(env.get(MPS_HIGH))
+    return min(fraction, high) if fraction is not None and high else fraction
 
 
 def _ratio(text: str | None) -> float | None:

@@ -103,7 +103,11 @@ def test_a_watermark_the_user_set_is_kept_and_the_other_fits_it(monkeypatch, slo
     "invalid low watermark ratio 0.36", a value the user never set; a low one of 0.5 got a high
     one of 0.45. A high one alone failed so under plain python too (torch's default low one is
     1.4). Whatever the user sets, the pair torch reads passes its check, the user's values are
-    kept, and with none the cap is each rank's share."""
+    kept, and with none the cap is each rank's share. The cap the rank then sets at init is its
+    share, or the user's own high watermark where that is lower (a Mac capped at 0.3 a process so
+    that it never pages stays so), never a higher one, nor the high watermark the agent raised to
+    meet a user's low one."""
+    from macfleet.env import mps_cap
     from macfleet.protocol import AgentSpec
     from macfleet.workers.agent import worker_env
 
@@ -120,6 +124,8 @@ def test_a_watermark_the_user_set_is_kept_and_the_other_fits_it(monkeypatch, slo
         assert float(env["PYTORCH_MPS_HIGH_WATERMARK_RATIO"]) == pytest.approx(share, abs=1e-4)
     if not given and not share:  # a rank alone on its Mac: torch's own defaults
         assert "PYTORCH_MPS_HIGH_WATERMARK_RATIO" not in env and "PYTORCH_MPS_LOW_WATERMARK_RATIO" not in env
+    own = float(given.get("PYTORCH_MPS_HIGH_WATERMARK_RATIO", 0))
+    assert mps_cap(share, env) == (min(share, own) if share and own else share)
 
 
 def test_a_world_size_from_another_launcher_is_refused_not_trained_alone() -> None:
