@@ -159,11 +159,14 @@ def mps_cap(fraction: float | None, env: Mapping[str, str]) -> float | None:
 
 
 def _ratio(text: str | None) -> float | None:
+    """A watermark's value, or None where it is unset or no value torch takes."""
+    if text is None:
+        return None
     try:
-        value = float(text) if text is not None else None
+        value = float(text)
     except ValueError:
         return None  # torch will say what is wrong with it
-    return value if value is not None and 0 <= value <= 2 else None
+    return value if 0 <= value <= 2 else None
 
 
 def oversubscribed(fraction: float, processes: int, device: str) -> str | None:
