@@ -195,8 +195,8 @@ INTERRUPTIBLE = """
 import os, sys, time
 import macfleet
 macfleet.init()
-print("ready pid=", os.getpid(), flush=True)
-try:
+try:  # before the ready line: a Ctrl-C that came between the two escaped the handler below
+    print("ready pid=", os.getpid(), flush=True)
     while True:  # working between collectives, where no abort reaches it
         time.sleep(0.01)
 except KeyboardInterrupt:  # what a script does on Ctrl-C: save what it has, then stop
