@@ -56,7 +56,7 @@ MALLOC_TRIM_THRESHOLD_             instead of page-faulting fresh memory for eve
 PYTORCH_MPS_HIGH_WATERMARK_RATIO,  set by the agent before the child imports torch, because
 PYTORCH_MPS_LOW_WATERMARK_RATIO,   torch reads them once, at import or first MPS use; a
 PYTORCH_ENABLE_MPS_FALLBACK        watermark the user set is kept, and the other fitted to it
-                                   (``mps_watermarks``)
+                                   (``mps_watermarks``; again at init, for plain ``python``)
 =================================  ==========================================================
 
 Tuning knobs a user may set (forwarded to every host): ``MACFLEET_STREAMS`` (socket pairs per
@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, MutableMapping
 
 from macfleet.errors import ConfigError
 
@@ -158,15 +158,54 @@ def mps_cap(fraction: float | None, env: Mapping[str, str]) -> float | None:
     return min(fraction, high) if fraction is not None and high else fraction
 
 
+def fit_mps_watermarks(fraction: float | None, environ: MutableMapping[str, str]) -> None:
+    """A rank's ``environ``, at init on a Mac (before its first MPS allocation, where torch reads
+    the watermarks), made one that torch's MPS allocator takes: the watermarks fitted as the
+    agent fits them (``mps_watermarks``: under plain ``python`` no agent did), or ConfigError
+    where what the user set cannot be, saying what to change. torch's own words ("invalid low
+    watermark ratio 0.5") name neither the variable nor the other value."""
+    environ.update(mps_watermarks(fraction, environ))
+    problem = _watermark_problem(environ)
+    if problem:
+        raise ConfigError(problem)
+
+
+def _watermark_problem(env: Mapping[str, str]) -> str | None:
+    """What torch's MPS allocator would refuse in ``env`` (fitted: with one watermark set, the
+    other fits it, so what is left is a user's pair, a low one above the high one, or a value
+    outside torch's 0..2); None where it takes it. torch's default high one, 1.7, stands for an
+    unset one."""
+    high, low = env.get(MPS_HIGH), env.get(MPS_LOW)
+    cap, floor = _number(high), _number(low)
+    if cap is not None and not 0 <= cap <= 2:
+        return (f"{MPS_HIGH}={high} is outside 0..2, which torch's MPS allocator refuses at its first allocation "
+                f"(\"invalid high watermark ratio\"): it is a fraction of the GPU memory macOS recommends "
+                f"(recommendedMaxWorkingSetSize), up to 2.0, or 0.0 for no cap")
+    limit = 1.7 if cap is None else cap or 2.0  # 0: no cap, and torch then takes a low one up to 2
+    if floor is not None and not 0 <= floor <= limit:
+        if floor < 0:
+            above = "is negative"
+        elif cap is None:
+            above = "is above torch's default high watermark, 1.7"
+        else:
+            above = f"is above {MPS_HIGH}={high}" if cap else "is above 2.0"
+        return (f"{MPS_LOW}={low} {above}, which torch's MPS allocator refuses at its first allocation (\"invalid "
+                f"low watermark ratio\"): the low watermark, where torch starts to free its cache, must be from 0 "
+                f"to the high one, the cap; set it lower, or unset it and macfleet fits it to the cap")
+    return None
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None  # torch reads what strtod makes of it: not ours to judge
+
+
 def _ratio(text: str | None) -> float | None:
     """A watermark's value, or None where it is unset or no value torch takes."""
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return None  # torch will say what is wrong with it
-    return value if 0 <= value <= 2 else None
+    value = _number(text)
+    return value if value is not None and 0 <= value <= 2 else None  # else _watermark_problem says so
 
 
 def oversubscribed(fraction: float, processes: int, device: str) -> str | None:

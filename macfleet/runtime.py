@@ -28,7 +28,7 @@ from macfleet import backends, errorfile, hostops, knobs, protocol, segments, so
 from macfleet.arguments import check_all_gather, check_all_reduce, check_broadcast
 from macfleet.collectives import LEFT, Collectives, error_line
 from macfleet.control import ControlClient
-from macfleet.env import WorkerEnv, mps_cap, oversubscribed, shared_memory_fraction
+from macfleet.env import WorkerEnv, fit_mps_watermarks, mps_cap, oversubscribed, shared_memory_fraction
 from macfleet.errors import ConfigError, MacfleetError, ProtocolError, RendezvousError
 from macfleet.history import History
 from macfleet.ring_algorithms import SMALL_BYTES, ZERO_COPY_BYTES
@@ -120,6 +120,8 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
         warning = oversubscribed(fraction, processes, str(dev.torch_device))
         if warning:
             print(f"macfleet: {warning}", file=sys.stderr, flush=True)
+    if dev.kind == "mps":  # before the first MPS allocation (apply_memory_fraction's), where torch reads them
+        fit_mps_watermarks(fraction, os.environ)
     capped = mps_cap(fraction, os.environ) if dev.kind == "mps" else fraction
     if capped != fraction:  # a lower cap of the user's own stands
         fraction = capped

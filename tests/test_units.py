@@ -128,6 +128,46 @@ def test_a_watermark_the_user_set_is_kept_and_the_other_fits_it(monkeypatch, slo
     assert mps_cap(share, env) == (min(share, own) if share and own else share)
 
 
+@pytest.mark.parametrize("agent", [True, False])
+@pytest.mark.parametrize("high", [None, "0.0", "0.3", "0.45", "1.2", "2.0", "2.5", "-0.1"])
+@pytest.mark.parametrize("low", [None, "0.0", "0.2", "0.5", "1.9", "2.5", "-0.1"])
+def test_watermarks_torch_would_refuse_are_said_at_init_in_our_words(monkeypatch, agent: bool, high: str | None,
+                                                                     low: str | None) -> None:
+    """Two watermarks of the user's own that torch refuses together (a low one above the high
+    one) reached the ranks as they were, and each died at its first MPS allocation with "invalid
+    low watermark ratio 0.5", naming neither variable; under plain ``python`` a high one alone
+    under 1.4 (torch's default low one) died so too. At init on a Mac the rank's environment
+    (from the agent, or the user's own under plain python) is fitted as the agent fits it, and
+    what is still refused is a ConfigError naming what the user set: exactly where torch's rule
+    refuses the fitted pair. The user's values are never changed."""
+    from macfleet.env import fit_mps_watermarks
+    from macfleet.errors import ConfigError
+    from macfleet.protocol import AgentSpec
+    from macfleet.workers.agent import worker_env
+
+    given = {name: value for name, value in (("PYTORCH_MPS_HIGH_WATERMARK_RATIO", high),
+                                              ("PYTORCH_MPS_LOW_WATERMARK_RATIO", low)) if value is not None}
+    for name in ("PYTORCH_MPS_HIGH_WATERMARK_RATIO", "PYTORCH_MPS_LOW_WATERMARK_RATIO"):
+        monkeypatch.delenv(name, raising=False)
+    if agent:  # two ranks on one Mac under macfleet launch: a share of 0.45 each
+        spec = AgentSpec(job_id="j", coordinator="tcp://127.0.0.1:1", secret_hex="00", host_index=0, host="mac1",
+                         data_addrs=["127.0.0.1"], rank_base=0, slots=2, world_size=2, script="train.py", args=[],
+                         env=given)
+        env, fraction = worker_env(spec, 0, ["127.0.0.1"], "lo", "127.0.0.1", 29500, "/tmp/r0.json", 9), 0.45
+    else:  # plain `python train.py`: the user's environment as it is, one process uncapped
+        env, fraction = dict(given), None
+    try:
+        fit_mps_watermarks(fraction, env)
+        refused = None
+    except ConfigError as e:
+        refused = str(e)
+    assert all(env[name] == value for name, value in given.items())
+    assert (refused is None) == _mps_allocator_accepts(env), (env, refused)
+    if refused:
+        named = "LOW" if "invalid low" in refused else "HIGH"
+        assert f"PYTORCH_MPS_{named}_WATERMARK_RATIO={given[f'PYTORCH_MPS_{named}_WATERMARK_RATIO']}" in refused
+
+
 def test_a_world_size_from_another_launcher_is_refused_not_trained_alone() -> None:
     """Under torchrun (WORLD_SIZE set, no coordinator) each rank used to train on its shard
     alone, all_reduce returning its input unchanged."""
