@@ -94,10 +94,32 @@ def _process_group_hint(error: dict) -> list[str]:
     if "torch/nn/parallel/distributed.py" in where:
         return ["  torch's DistributedDataParallel needs torch.distributed, which macfleet.init() does not set up: "
                 "use macfleet.DataParallel(model), which takes DDP's options"]
-    return ["  macfleet.init() does not set up torch.distributed: use macfleet's calls in its place (macfleet.rank(), "
-            "macfleet.world_size(), macfleet.all_reduce(t), macfleet.barrier(): the README's table has each), or "
-            "keep the script's own dist.init_process_group(\"gloo\"), which works under macfleet launch as under "
-            "torchrun"]
+    called = re.search(r'distributed_c10d\.py", line \d+, in (\w+)', where)  # the outermost: the script's call
+    name = called.group(1) if called else ""
+    calls = (f"in place of dist.{name}(...), {IN_PLACE_OF[name]} (the README's table has the others)"
+             if name in IN_PLACE_OF else "use macfleet's calls in its place (macfleet.rank(), macfleet.world_size(), "
+             "macfleet.all_reduce(t), macfleet.barrier(): the README's table has each)")
+    return [f"  macfleet.init() does not set up torch.distributed: {calls}, or keep the script's own "
+            f"dist.init_process_group(\"gloo\"), which works under macfleet launch as under torchrun"]
+
+
+# torch.distributed's calls that macfleet has, some in another form (a call that gives one rank
+# the result, such as an evaluation's reduce or gather to rank 0, is one that gives it to all).
+IN_PLACE_OF = {
+    "get_rank": "macfleet.rank()",
+    "get_world_size": "macfleet.world_size()",
+    "all_reduce": "macfleet.all_reduce(t, op), op one of \"sum\", \"avg\", \"max\", \"min\"",
+    "reduce": "macfleet.all_reduce(t) gives every rank the result, and the rank dst uses it",
+    "broadcast": "macfleet.broadcast(t, src)",
+    "all_gather": "out = macfleet.all_gather(t), rank r's in out[r]",
+    "all_gather_into_tensor": "macfleet.all_gather(t).flatten(0, 1)",
+    "gather": "out = macfleet.all_gather(t) gives every rank rank r's in out[r], and the rank dst uses them",
+    "barrier": "macfleet.barrier()",
+    "broadcast_object_list": "obj = macfleet.broadcast_object(obj, src), one object a call",
+    "all_gather_object": "out = macfleet.all_gather_object(obj)",
+    "gather_object": "out = macfleet.all_gather_object(obj) gives every rank them, and the rank dst uses them",
+    "destroy_process_group": "macfleet.shutdown()",
+}
 
 
 def _timeout_hint(error: dict) -> list[str]:

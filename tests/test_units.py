@@ -1598,7 +1598,14 @@ def test_a_torch_distributed_call_left_in_a_ported_script_is_answered_with_macfl
     ddp = report(lambda: torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2)))
     assert "use macfleet.DataParallel(model), which takes DDP's options" in ddp, ddp
     rank = report(dist.get_world_size)
-    assert "macfleet.init() does not set up torch.distributed: use macfleet's calls" in rank, rank
+    assert "does not set up torch.distributed: in place of dist.get_world_size(...), macfleet.world_size() (" in rank
+    # An evaluation's reduce or gather to rank 0 is the all-call, which gives every rank the result.
+    summed = report(lambda: dist.reduce(torch.ones(2), dst=0))
+    assert "in place of dist.reduce(...), macfleet.all_reduce(t) gives every rank the result" in summed, summed
+    gathered = report(lambda: dist.gather(torch.ones(2), dst=0))
+    assert "in place of dist.gather(...), out = macfleet.all_gather(t) gives every rank" in gathered, gathered
+    lacking = report(lambda: dist.all_to_all_single(torch.ones(2), torch.ones(2)))  # none of macfleet's
+    assert "macfleet.init() does not set up torch.distributed: use macfleet's calls" in lacking, lacking
     if importlib.util.find_spec("horovod") is None:  # a Horovod script run as it is, where Horovod is not
         horovod = report(lambda: __import__("horovod"))
         assert "macfleet has one for each (hvd.init() is macfleet.init()" in horovod, horovod
