@@ -115,6 +115,7 @@ IN_PLACE_OF = {
     "all_gather_into_tensor": "macfleet.all_gather(t).flatten(0, 1)",
     "gather": "out = macfleet.all_gather(t) gives every rank rank r's in out[r], and the rank dst uses them",
     "barrier": "macfleet.barrier()",
+    "monitored_barrier": "macfleet.barrier(), where the launcher names a rank that does not come",
     "broadcast_object_list": "obj = macfleet.broadcast_object(obj, src), one object a call",
     "all_gather_object": "out = macfleet.all_gather_object(obj)",
     "gather_object": "out = macfleet.all_gather_object(obj) gives every rank them, and the rank dst uses them",
