@@ -10,6 +10,7 @@ import gc
 import gzip
 import importlib.util
 import json
+import math
 import os
 import pty
 import re
@@ -1710,27 +1711,35 @@ def test_memory_fractions_that_add_up_past_one_gpu_are_warned_of_with_one_that_f
 
 
 def test_jobs_sharing_a_host_are_warned_of_memory_only_where_their_gpu_shares_add_up_past_it() -> None:
-    """The same rule across jobs: each job's ranks take 0.9 split among them (or their
+    """The same rule across jobs: each job's ranks on a GPU take 0.9 split among them (or their
     ``--memory-fraction``; a rank alone on its GPU is uncapped), whatever runs beside them. Jobs
-    on the CPU take no share of a GPU. Where the warning is given, its advice must keep the rule."""
+    on the CPU take no share of a GPU, and neither does --device auto on a host without one (a
+    Linux machine's CPU: two such jobs were warned of a GPU's memory). On a host of several GPUs
+    a job's ranks take them in turn, so the first GPU holds the most of each job's ranks (two
+    jobs of two ranks on two GPUs, one uncapped rank of each on each, were summed as four ranks
+    on one GPU). Where the warning is given, its advice must keep the rule."""
     from macfleet.workers.other_jobs import JobNote, sharing
 
     now = 10_000.0
-    for device in ("auto", "cpu"):
-        for ranks in range(1, 5):
-            for fraction in (None, 0.1, 0.3, 0.6):
-                for other_device in ("mps", "cpu"):
-                    other = JobNote("a", 42, 2, "train.py", now - 7500, other_device, None)
-                    said = sharing("mini1", [other], ranks, device, fraction, now=now)
-                    assert said.startswith("macfleet agent on mini1: another macfleet job is running here: 2 ranks "
-                                           "of train.py, started 2 h 5 min ago (its agent: pid 42)"), said
-                    own = 0.0 if device == "cpu" else ranks * (fraction or (0.9 / ranks if ranks > 1 else 1.0))
-                    asked = own + (0.9 if other_device == "mps" else 0.0)
-                    assert ("times its memory" in said) == (asked > 1 + 1e-9), (said, asked)
-                    if asked > 1:
-                        total = (0 if device == "cpu" else ranks) + (2 if other_device == "mps" else 0)
-                        each = float(re.search(r"0\.9 at most \(([\d.]+) each\)", said).group(1))
-                        assert f"all {total} ranks" in said and each * total <= 0.9 < (each + 0.001) * total, said
+    for gpus in (0, 1, 2):
+        for device in ("auto", "cpu", "cuda"):
+            for ranks in range(1, 5):
+                for fraction in (None, 0.1, 0.3, 0.6):
+                    for other_device in ("mps", "auto", "cpu"):
+                        other = JobNote("a", 42, 2, "train.py", now - 7500, other_device, None)
+                        said = sharing("mini1", [other], ranks, device, fraction, gpus, now=now)
+                        assert said.startswith("macfleet agent on mini1: another macfleet job is running here: 2 "
+                                               "ranks of train.py, started 2 h 5 min ago (its agent: pid 42)"), said
+                        jobs = [(n, share) for n, share, dev in ((ranks, fraction, device), (2, None, other_device))
+                                if dev != "cpu" and not (dev == "auto" and gpus == 0)]
+                        on_first = [(math.ceil(n / max(gpus, 1)), share) for n, share in jobs]
+                        asked = sum(n * (share or (0.9 / n if n > 1 else 1.0)) for n, share in on_first)
+                        assert ("times its memory" in said) == (asked > 1 + 1e-9), (said, asked)
+                        if asked > 1:
+                            total = sum(n for n, _ in on_first)
+                            each = float(re.search(r"0\.9 at most \(([\d.]+) each\)", said).group(1))
+                            assert f"the {total} ranks on one GPU" in said, said
+                            assert each * total <= 0.9 < (each + 0.001) * total, said
 
 
 def test_bench_sizes_are_weighed_against_each_host_s_memory_for_its_own_ranks() -> None:

@@ -18,6 +18,7 @@ import fcntl
 import glob
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -47,7 +48,14 @@ def check_in(directory: str, spec: AgentSpec) -> str | None:
     leave_note(directory, JobNote(spec.job_id, os.getpid(), spec.slots, script, time.time(), spec.device,
                                   spec.memory_fraction))
     others = running(os.path.dirname(directory), spec.job_id)
-    return sharing(spec.host, others, spec.slots, spec.device, spec.memory_fraction) if others else None
+    return sharing(spec.host, others, spec.slots, spec.device, spec.memory_fraction, gpus_here()) if others else None
+
+
+def gpus_here() -> int:
+    """The GPUs this host's ranks may train on, as seen without torch (the agent never imports
+    it): a Mac's one, the NVIDIA GPUs that Linux's driver lists, else none (``--device auto``
+    then trains on the CPU)."""
+    return 1 if sys.platform == "darwin" else len(glob.glob("/proc/driver/nvidia/gpus/*"))
 
 
 def leave_note(directory: str, note: JobNote) -> int:
@@ -85,19 +93,21 @@ def running(root: str, job_id: str) -> list[JobNote]:
     return sorted(notes, key=lambda note: note.started)
 
 
-def sharing(host: str, others: list[JobNote], ranks: int, device: str, fraction: float | None,
+def sharing(host: str, others: list[JobNote], ranks: int, device: str, fraction: float | None, gpus: int,
             now: float | None = None) -> str:
-    """What the agent on ``host``, starting ``ranks`` ranks on ``device`` with ``--memory-fraction
-    fraction``, says of ``others``."""
+    """What the agent on ``host`` (with ``gpus`` GPUs), starting ``ranks`` ranks on ``device``
+    with ``--memory-fraction fraction``, says of ``others``."""
     now = time.time() if now is None else now
     jobs = "; ".join(f"{_count(note.ranks, 'rank')} of {note.script}, started {_ago(now - note.started)} ago "
                      f"(its agent: pid {note.pid})" for note in others)
     what = "another macfleet job is" if len(others) == 1 else f"{len(others)} other macfleet jobs are"
     text = f"macfleet agent on {host}: {what} running here: {jobs}. The jobs share this host, so each trains slower"
-    # the jobs that may train on the GPU (--device auto, mps or cuda), each (ranks, --memory-fraction)
-    on_gpu = [(note.ranks, note.memory_fraction) for note in others if note.device != "cpu"]
-    if device != "cpu":
-        on_gpu.append((ranks, fraction))
+    # Each job's ranks on the host's first GPU, the busiest (a job's local ranks take the GPUs in
+    # turn from it), with their --memory-fraction; --device auto is the CPU where there is no GPU.
+    on_gpu = [(len(range(0, note.ranks, max(gpus, 1))), note.memory_fraction) for note in others
+              if note.device != "cpu" and (gpus or note.device != "auto")]
+    if device != "cpu" and (gpus or device != "auto"):
+        on_gpu.append((len(range(0, ranks, max(gpus, 1))), fraction))
     total = sum(n for n, _ in on_gpu)
     asked = sum(n * _share(share, n) for n, share in on_gpu)
     if asked <= 1:
@@ -105,13 +115,13 @@ def sharing(host: str, others: list[JobNote], ranks: int, device: str, fraction:
     return (f"{text}; and where they train on its GPU, each job caps its ranks' share of the GPU's memory as if "
             f"it were alone, together {asked:.2f} times its memory: past what it has, they run out of memory "
             f"(CUDA) or the Mac pages (many times slower). Where the models are large, give each job "
-            f"--memory-fraction so that the shares of all {total} ranks add up to 0.9 at most "
+            f"--memory-fraction so that the shares of the {total} ranks on one GPU add up to 0.9 at most "
             f"({int(900 / total) / 1000:g} each)")
 
 
 def _share(fraction: float | None, ranks: int) -> float:
-    """A rank's share of the GPU's memory in a job of ``ranks`` ranks on this host (a rank alone
-    on its GPU has no cap: all of it)."""
+    """A rank's share of its GPU's memory where a job has ``ranks`` ranks on it (a rank alone on
+    its GPU has no cap: all of it)."""
     return fraction if fraction is not None else shared_memory_fraction(ranks) or 1.0
 
 
