@@ -104,10 +104,9 @@ def sharing(host: str, others: list[JobNote], ranks: int, device: str, fraction:
     text = f"macfleet agent on {host}: {what} running here: {jobs}. The jobs share this host, so each trains slower"
     # Each job's ranks on the host's first GPU, the busiest (a job's local ranks take the GPUs in
     # turn from it), with their --memory-fraction; --device auto is the CPU where there is no GPU.
-    on_gpu = [(len(range(0, note.ranks, max(gpus, 1))), note.memory_fraction) for note in others
-              if note.device != "cpu" and (gpus or note.device != "auto")]
-    if device != "cpu" and (gpus or device != "auto"):
-        on_gpu.append((len(range(0, ranks, max(gpus, 1))), fraction))
+    everyone = [(note.ranks, note.device, note.memory_fraction) for note in others] + [(ranks, device, fraction)]
+    on_gpu = [(len(range(0, n, max(gpus, 1))), share) for n, on, share in everyone
+              if on != "cpu" and (gpus or on != "auto")]
     total = sum(n for n, _ in on_gpu)
     asked = sum(n * _share(share, n) for n, share in on_gpu)
     if asked <= 1:
