@@ -187,8 +187,10 @@ def _watermark_problem(env: Mapping[str, str]) -> str | None:
             above = "is negative"
         elif cap is None:
             above = "is above torch's default high watermark, 1.7"
+        elif cap:
+            above = f"is above {MPS_HIGH}={high}"
         else:
-            above = f"is above {MPS_HIGH}={high}" if cap else "is above 2.0"
+            above = "is above 2.0"
         return (f"{MPS_LOW}={low} {above}, which torch's MPS allocator refuses at its first allocation (\"invalid "
                 f"low watermark ratio\"): the low watermark, where torch starts to free its cache, must be from 0 "
                 f"to the high one, the cap; set it lower, or unset it and macfleet fits it to the cap")

@@ -122,10 +122,10 @@ def init(device: str | None = None, streams: int | None = None, timeout_s: float
             print(f"macfleet: {warning}", file=sys.stderr, flush=True)
     if dev.kind == "mps":  # before the first MPS allocation (apply_memory_fraction's), where torch reads them
         fit_mps_watermarks(fraction, os.environ)
-    capped = mps_cap(fraction, os.environ) if dev.kind == "mps" else fraction
-    if capped != fraction:  # a lower cap of the user's own stands
-        fraction = capped
-        os.environ["MACFLEET_MEMORY_FRACTION"] = str(fraction)
+        capped = mps_cap(fraction, os.environ)
+        if capped != fraction:  # a lower cap of the user's own stands
+            fraction = capped
+            os.environ["MACFLEET_MEMORY_FRACTION"] = str(fraction)
     dev.apply_memory_fraction(fraction)
     dev.seed(env.seed + env.rank)
     if env.coordinator is None:  # plain `python train.py`: a job of one, nobody to talk to
