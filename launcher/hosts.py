@@ -98,7 +98,7 @@ def parse_hosts(text: str, default_slots: int = 1) -> list[Host]:
 def parse_hostfile(path: str, default_slots: int = 1) -> list[Host]:
     """A hostfile in the format above, or in MLX's JSON (``mlx_hosts``)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: Notepad's byte-order mark is no host name
             text = f.read()
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path} is not a text file (byte {exc.start} is not UTF-8)") from None

@@ -394,6 +394,11 @@ def test_hostfile_names_the_bad_line(tmp_path) -> None:
     assert [(h.name, h.slots, h.addr, h.user) for h in hosts] == [
         ("mini1", 2, "169.254.0.2", None), ("mini2", 1, None, "alice")]
     refused("mini1 slots=2\nmini2 slots=two\n", r":2: ")
+    # saved by a Windows editor: a byte-order mark first and \r\n line ends
+    path.write_bytes("\ufeffmini1 slots=2\r\n# macs\r\nmini2\r\n".encode())
+    assert [(h.name, h.slots) for h in parse_hostfile(str(path))] == [("mini1", 2), ("mini2", 1)]
+    path.write_bytes("\ufeff".encode() + json.dumps([{"ssh": "a"}]).encode())
+    assert [h.name for h in parse_hostfile(str(path))] == ["a"]
     path.write_bytes(b"mini1 slots=2\n\xff\xfe")  # a binary file given by mistake: no UnicodeDecodeError
     with pytest.raises(ValueError, match=r"hosts is not a text file \(byte 14 is not UTF-8\)"):
         parse_hostfile(str(path))
