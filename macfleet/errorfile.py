@@ -13,11 +13,13 @@ import time
 import traceback
 
 
-def write(path: str, exc: BaseException) -> None:
+def write(path: str, exc: BaseException, text: str | None = None) -> None:
+    """Record ``exc``, with ``text`` for its traceback where the rank printed it otherwise than
+    Python would (without macfleet's own frames)."""
     record = {
         "type": type(exc).__name__,
         "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "traceback": text or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         "time": time.time(),
         "pid": os.getpid(),
         "collectives": "\n".join(_recent_collectives()),

@@ -475,13 +475,18 @@ def test_a_rank_leaving_the_job_lets_another_thread_s_collective_end_first(shm: 
 def test_ranks_in_different_collectives_fail_fast_and_name_both(path: str, mismatch: str) -> None:
     """The last rank calls a collective that differs from the others' (on one host they used to
     reduce each other's bytes through shared memory, or wait at barriers that never met)."""
-    env = {"MACFLEET_SHM": "0"} if path == "sockets" else None
+    full = mismatch == "kind"  # and one case with macfleet's own frames in the tracebacks
+    env = {**({"MACFLEET_SHM": "0"} if path == "sockets" else {}), **({"MACFLEET_FULL_TRACEBACK": "1"} if full else {})}
     last = 2 if mismatch == "numel" else 1
     job = run_launch("--nproc", str(last + 1), BEHAVE, str(last), mismatch, env=env, timeout=60)
     assert job.code != 0, job.output
     assert "returned" not in job.stdout, job.output
     root = job.stderr[job.stderr.index("root cause"):]
     assert "ProtocolError" in root, root
+    # its message says it all: the tracebacks, the ranks' and the report's, end at the script's call
+    ours = re.compile(r'File "[^"]*[/\\]macfleet[/\\][^"]*\.py"')
+    assert bool(ours.search(job.stderr)) == full and ("MACFLEET_FULL_TRACEBACK=1 shows them" in root) != full, root
+    assert re.search(r'File "[^"]*behave\.py", line \d+, in <module>', root.split("other ranks")[0]), root
     named = {"numel": "9", "kind": "all_gather", "save": "from checkpoint.save", "gather": "9"}[mismatch]
     assert named in root.split("other ranks")[0], root
     # and where each went: the report lines up the ranks' last collectives with the lines that called them

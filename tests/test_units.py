@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import ctypes
 import dataclasses
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import warnings
 from typing import Any, Iterator
 
@@ -1502,6 +1504,61 @@ def test_only_a_sigkill_that_macfleet_did_not_send_is_taken_for_memory() -> None
     assert "memory runs out" in report("SIGKILL", None, None) and "GiB" not in report("SIGKILL", None, None)
     assert "memory" not in report("SIGKILL", "stopped by its agent: the launcher went silent", 1 << 30)
     assert "memory" not in report("SIGTERM", None, 1 << 30)
+
+
+def test_an_error_macfleet_raises_on_purpose_ends_its_traceback_at_the_script_s_call(monkeypatch) -> None:
+    """A rank's traceback of a MacfleetError stops at the last frame outside macfleet (here the
+    test's, standing for the script's): its message says what went wrong. Frames of the
+    script's own code that macfleet called stay, and so does every frame of any other error."""
+    from macfleet import knobs
+    from macfleet.workers.bootstrap import without_macfleet_frames
+
+    def raised(call: Any) -> BaseException:
+        try:
+            call()
+        except BaseException as exc:
+            return exc
+        raise AssertionError(f"{call} raised nothing")
+
+    def files(exc: BaseException) -> list[str]:
+        return [os.path.basename(frame.filename) for frame in traceback.extract_tb(exc.__traceback__)]
+
+    here = os.path.basename(__file__)
+    bad = {"MACFLEET_STREAMS": "two"}
+    exc = raised(lambda: knobs.count("MACFLEET_STREAMS", 1, bad))
+    assert isinstance(exc, ConfigError) and files(exc) == [here, here, "knobs.py", "knobs.py"]
+    assert without_macfleet_frames(exc) == 2 and files(exc) == [here, here]
+
+    # the script's code that macfleet called (here a check of a knob's value) stays, and the frame that called it
+    def check(value: int) -> bool:
+        return knobs.count("MACFLEET_STREAMS", 1, bad) == value
+
+    exc = raised(lambda: knobs._read("X", 1, {"X": "1"}, int, "", "", check))
+    assert files(exc) == [here, here, "knobs.py", here, "knobs.py", "knobs.py"], files(exc)
+    assert without_macfleet_frames(exc) == 2 and files(exc) == [here, here, "knobs.py", here]
+    # raised in a thread and again by the script's: Python's own frames in between go too
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        exc = raised(lambda: pool.submit(knobs.count, "MACFLEET_STREAMS", 1, bad).result())
+    assert "thread.py" in files(exc) and without_macfleet_frames(exc) >= 4 and files(exc) == [here, here], files(exc)
+    # not macfleet's on purpose (a bug of macfleet's would be this): every frame kept
+    exc = raised(lambda: knobs.parse_size("lots"))
+    assert isinstance(exc, ValueError) and without_macfleet_frames(exc) == 0 and files(exc)[-1] == "knobs.py"
+
+    def again(first: Any) -> None:  # an error raised while handling another, as a thread's raised again
+        try:
+            first()
+        except BaseException:
+            knobs.switch("MACFLEET_SHM", True, {"MACFLEET_SHM": "yes"})
+
+    exc = raised(lambda: again(lambda: knobs.count("MACFLEET_STREAMS", 1, bad)))
+    without_macfleet_frames(exc)
+    assert "During handling" not in "".join(traceback.format_exception(exc))
+    exc = raised(lambda: again(lambda: {}["key"]))  # the script's own error first: kept
+    without_macfleet_frames(exc)
+    assert "During handling" in "".join(traceback.format_exception(exc)) and "KeyError" in repr(exc.__context__)
+    monkeypatch.setenv("MACFLEET_FULL_TRACEBACK", "1")
+    exc = raised(lambda: knobs.count("MACFLEET_STREAMS", 1, bad))
+    assert without_macfleet_frames(exc) == 0 and files(exc)[-1] == "knobs.py"
 
 
 def report_of_raised(call: Any, path: Any) -> str:

@@ -25,7 +25,9 @@ import traceback
 import types
 import warnings
 
-from macfleet import errorfile, whereabouts
+import macfleet
+from macfleet import errorfile, knobs, whereabouts
+from macfleet.errors import MacfleetError
 from macfleet.workers import dumps, leftovers
 
 
@@ -128,14 +130,8 @@ def _name_threads_that_hold_the_exit() -> None:
 def _place(frame: types.FrameType | None) -> str:
     """``file:line in function`` of the innermost frame outside Python's own library (where a
     thread waits on a queue or a lock, the line of the script or package that waits is the news)."""
-    paths = sysconfig.get_paths()
-    packages = (paths["purelib"], paths["platlib"])  # inside the standard library's folder, outside a venv
-
-    def own(name: str) -> bool:
-        return name.startswith(paths["stdlib"]) and not name.startswith(packages)
-
     found = innermost = frame
-    while found is not None and own(found.f_code.co_filename):
+    while found is not None and _pythons_own(found.f_code.co_filename):
         found = found.f_back
     found = found or innermost
     if found is None:
@@ -271,6 +267,46 @@ def _nanobind_loaded() -> bool:
     return False
 
 
+def _pythons_own(filename: str) -> bool:
+    """Whether ``filename`` is of Python's own library (threading, concurrent.futures), not of a
+    package installed in it."""
+    paths = sysconfig.get_paths()
+    packages = (paths["purelib"], paths["platlib"])  # inside the standard library's folder, outside a venv
+    return filename.startswith(paths["stdlib"]) and not filename.startswith(packages)
+
+
+MACFLEET_DIR = os.path.dirname(os.path.abspath(macfleet.__file__)) + os.sep
+
+
+def without_macfleet_frames(exc: BaseException) -> int:
+    """Cut from an error macfleet raised on purpose (a ``MacfleetError``: ranks in different
+    collectives, a lost peer, a bad setting) the frames inside macfleet below the script's last
+    call into it, and the same kind of error it was raised while handling (a thread's, raised
+    again); return how many frames went. Its message says what went wrong and the script's line
+    says where: a mismatched all-reduce printed thirteen frames of shm.py and collectives.py on
+    every rank, and again in the report. Any other exception keeps every frame: one raised
+    inside macfleet is macfleet's bug, and its frames are what shows it."""
+    if not isinstance(exc, MacfleetError) or knobs.switch("MACFLEET_FULL_TRACEBACK", False):
+        return 0
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    # the script's frames and its packages' (torch's backward calling macfleet's hooks), not
+    # Python's own: one raised in a thread of macfleet's is raised again by the script's thread,
+    # and its frames, threading's and concurrent.futures' among them, follow the script's
+    outside = [i for i, frame in enumerate(frames) if not (
+        os.path.abspath(frame.tb_frame.f_code.co_filename).startswith(MACFLEET_DIR)
+        or _pythons_own(frame.tb_frame.f_code.co_filename))]
+    if not outside:  # raised where the script has no frame (a thread of macfleet's): keep it whole
+        return 0
+    frames[outside[-1]].tb_next = None
+    if exc.__cause__ is None and isinstance(exc.__context__, MacfleetError):
+        exc.__suppress_context__ = True
+    return len(frames) - 1 - outside[-1]
+
+
 def _report(exc: BaseException, script: str) -> None:
     """Print the traceback as Python would, from the script's first frame, and write the error file."""
     tb = exc.__traceback__
@@ -280,13 +316,18 @@ def _report(exc: BaseException, script: str) -> None:
         exc = exc.with_traceback(None)  # the script never ran: Python shows the line alone, with no frames
     else:
         exc = exc.with_traceback(tb or exc.__traceback__)
-    traceback.print_exception(exc)
+    left_out = without_macfleet_frames(exc)
+    text = "".join(traceback.format_exception(exc))
+    if left_out:
+        text += (f"({left_out} frames inside macfleet left out: its error says what went wrong; "
+                 f"MACFLEET_FULL_TRACEBACK=1 shows them)\n")
+    sys.stderr.write(text)
     path = os.environ.get("MACFLEET_ERROR_FILE")
     # Already there: a subprocess of this rank failed first and wrote it (macfleet.init() in a
     # DataLoader worker), and that is the cause, not the DataLoader's "worker exited" that follows.
     if path and not os.path.exists(path):
         try:
-            errorfile.write(path, exc)
+            errorfile.write(path, exc, text)
         except OSError:
             pass  # the report falls back to the stderr tail the agent keeps
 
