@@ -1553,6 +1553,14 @@ def test_an_error_macfleet_raises_on_purpose_ends_its_traceback_at_the_script_s_
     exc = raised(lambda: again(lambda: knobs.count("MACFLEET_STREAMS", 1, bad)))
     without_macfleet_frames(exc)
     assert "During handling" not in "".join(traceback.format_exception(exc))
+    def raise_own() -> None:  # the script's own, raised while handling macfleet's: all said
+        try:
+            knobs.count("MACFLEET_STREAMS", 1, bad)
+        except ConfigError:
+            raise ConfigError("the script's own")
+
+    exc = raised(raise_own)
+    assert without_macfleet_frames(exc) == 0 and "During handling" in "".join(traceback.format_exception(exc))
     exc = raised(lambda: again(lambda: {}["key"]))  # the script's own error first: kept
     without_macfleet_frames(exc)
     assert "During handling" in "".join(traceback.format_exception(exc)) and "KeyError" in repr(exc.__context__)

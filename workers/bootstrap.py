@@ -301,10 +301,12 @@ def without_macfleet_frames(exc: BaseException) -> int:
         or _pythons_own(frame.tb_frame.f_code.co_filename))]
     if not outside:  # raised where the script has no frame (a thread of macfleet's): keep it whole
         return 0
+    left_out = len(frames) - 1 - outside[-1]
     frames[outside[-1]].tb_next = None
-    if exc.__cause__ is None and isinstance(exc.__context__, MacfleetError):
+    # (not for one the script raised itself, with nothing said of what is left out)
+    if left_out and exc.__cause__ is None and isinstance(exc.__context__, MacfleetError):
         exc.__suppress_context__ = True
-    return len(frames) - 1 - outside[-1]
+    return left_out
 
 
 def _report(exc: BaseException, script: str) -> None:
