@@ -321,8 +321,8 @@ def _report(exc: BaseException, script: str) -> None:
     left_out = without_macfleet_frames(exc)
     text = "".join(traceback.format_exception(exc))
     if left_out:
-        text += (f"({left_out} frames inside macfleet left out: its error says what went wrong; "
-                 f"MACFLEET_FULL_TRACEBACK=1 shows them)\n")
+        text += (f"({left_out} frame{'s' if left_out > 1 else ''} inside macfleet left out: its error says what "
+                 f"went wrong; MACFLEET_FULL_TRACEBACK=1 shows {'them' if left_out > 1 else 'it'})\n")
     sys.stderr.write(text)
     path = os.environ.get("MACFLEET_ERROR_FILE")
     # Already there: a subprocess of this rank failed first and wrote it (macfleet.init() in a
