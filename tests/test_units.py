@@ -7,6 +7,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import gc
 import gzip
 import importlib.util
@@ -1507,8 +1508,8 @@ def test_only_a_sigkill_that_macfleet_did_not_send_is_taken_for_memory() -> None
 
 
 def test_an_error_macfleet_raises_on_purpose_ends_its_traceback_at_the_script_s_call(monkeypatch) -> None:
-    """A rank's traceback of a MacfleetError stops at the last frame outside macfleet (here the
-    test's, standing for the script's): its message says what went wrong. Frames of the
+    """A rank's traceback of a MacfleetError (or a Ctrl-C) stops at the last frame outside
+    macfleet (here the test's, standing for the script's): its message says what went wrong. Frames of the
     script's own code that macfleet called stay, and so does every frame of any other error."""
     from macfleet import knobs
     from macfleet.workers.bootstrap import without_macfleet_frames
@@ -1540,6 +1541,10 @@ def test_an_error_macfleet_raises_on_purpose_ends_its_traceback_at_the_script_s_
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         exc = raised(lambda: pool.submit(knobs.count, "MACFLEET_STREAMS", 1, bad).result())
     assert "thread.py" in files(exc) and without_macfleet_frames(exc) >= 4 and files(exc) == [here, here], files(exc)
+    # a Ctrl-C that came while macfleet waited (a rank in a collective): where in the script is the news
+    exc = raised(lambda: knobs._read("X", 1, {"X": "1"}, functools.partial(signal.default_int_handler, 2), "", "",
+                                     bool))
+    assert isinstance(exc, KeyboardInterrupt) and without_macfleet_frames(exc) == 1 and files(exc) == [here, here]
     # not macfleet's on purpose (a bug of macfleet's would be this): every frame kept
     exc = raised(lambda: knobs.parse_size("lots"))
     assert isinstance(exc, ValueError) and without_macfleet_frames(exc) == 0 and files(exc)[-1] == "knobs.py"

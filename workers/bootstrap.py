@@ -280,13 +280,14 @@ MACFLEET_DIR = os.path.dirname(os.path.abspath(macfleet.__file__)) + os.sep
 
 def without_macfleet_frames(exc: BaseException) -> int:
     """Cut from an error macfleet raised on purpose (a ``MacfleetError``: ranks in different
-    collectives, a lost peer, a bad setting) the frames inside macfleet below the script's last
-    call into it, and the same kind of error it was raised while handling (a thread's, raised
-    again); return how many frames went. Its message says what went wrong and the script's line
-    says where: a mismatched all-reduce printed thirteen frames of shm.py and collectives.py on
-    every rank, and again in the report. Any other exception keeps every frame: one raised
-    inside macfleet is macfleet's bug, and its frames are what shows it."""
-    if not isinstance(exc, MacfleetError) or knobs.switch("MACFLEET_FULL_TRACEBACK", False):
+    collectives, a lost peer, a bad setting), or from a Ctrl-C, the frames inside macfleet below
+    the script's last call into it, and the same kind of error it was raised while handling (a
+    thread's, raised again); return how many frames went. Its message says what went wrong and
+    the script's line says where: a mismatched all-reduce printed thirteen frames of shm.py and
+    collectives.py on every rank, and again in the report, and so did a Ctrl-C of ranks waiting
+    in one. Any other exception keeps every frame: one raised inside macfleet is macfleet's bug,
+    and its frames are what shows it."""
+    if not isinstance(exc, (MacfleetError, KeyboardInterrupt)) or knobs.switch("MACFLEET_FULL_TRACEBACK", False):
         return 0
     frames = []
     tb = exc.__traceback__
@@ -321,8 +322,8 @@ def _report(exc: BaseException, script: str) -> None:
     left_out = without_macfleet_frames(exc)
     text = "".join(traceback.format_exception(exc))
     if left_out:
-        text += (f"({left_out} frame{'s' if left_out > 1 else ''} inside macfleet left out: its error says what "
-                 f"went wrong; MACFLEET_FULL_TRACEBACK=1 shows {'them' if left_out > 1 else 'it'})\n")
+        text += (f"({left_out} frame{'s' if left_out > 1 else ''} inside macfleet left out; "
+                 f"MACFLEET_FULL_TRACEBACK=1 shows {'them' if left_out > 1 else 'it'})\n")
     sys.stderr.write(text)
     path = os.environ.get("MACFLEET_ERROR_FILE")
     # Already there: a subprocess of this rank failed first and wrote it (macfleet.init() in a
