@@ -69,7 +69,10 @@ class Liveness:
         if self.reason is None:
             return
         if self.failed_rank is not None:
-            raise PeerLost(f"rank {self.failed_rank} failed: {self.reason}", rank=self.failed_rank)
+            # the launcher's reason mostly names the rank itself ("rank 0 (mini1) failed with exit code 2")
+            named = self.reason.startswith(f"rank {self.failed_rank} ")
+            raise PeerLost(self.reason if named else f"rank {self.failed_rank} failed: {self.reason}",
+                           rank=self.failed_rank)
         raise JobAborted(self.reason)
 
 

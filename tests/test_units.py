@@ -290,6 +290,21 @@ def test_the_order_of_a_ring_of_cables_is_found_from_the_subnets() -> None:
     assert cabling.out_of_order([["10.0.1.2/24"], ["10.0.2.2/24"]]) is None  # one address each: maybe routed
 
 
+def test_a_lost_peer_is_named_once() -> None:
+    """The launcher's reason for a failure mostly names the rank already: the others' PeerLost
+    read "rank 0 failed: rank 0 (localhost) failed with exit code 2"."""
+    from macfleet.errors import PeerLost
+
+    for reason, said in (("rank 2 (mini) failed with exit code 1", "rank 2 (mini) failed with exit code 1"),
+                         ("stalled: rank 2 made no progress", "rank 2 failed: stalled: rank 2 made no progress"),
+                         ("rank 23 (mini) failed with exit code 1", "rank 2 failed: rank 23 (mini) failed with exit code 1")):
+        liveness = Liveness()
+        liveness.abort(reason, 2)
+        with pytest.raises(PeerLost) as lost:
+            liveness.check()
+        assert str(lost.value) == said and lost.value.rank == 2
+
+
 def test_a_peer_with_several_addresses_is_reached_at_the_one_on_a_shared_subnet() -> None:
     """One subnet per cable: of a neighbour's data addresses, the ring connects to the one this
     Mac routes to from one of its own. Here: 127.0.0.1 routes from itself, and TEST-NET-1's and
