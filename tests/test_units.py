@@ -1524,8 +1524,9 @@ def test_only_a_sigkill_that_macfleet_did_not_send_is_taken_for_memory() -> None
 
 def test_an_error_macfleet_raises_on_purpose_ends_its_traceback_at_the_script_s_call(monkeypatch) -> None:
     """A rank's traceback of a MacfleetError (or a Ctrl-C) stops at the last frame outside
-    macfleet (here the test's, standing for the script's): its message says what went wrong. Frames of the
-    script's own code that macfleet called stay, and so does every frame of any other error."""
+    macfleet (here the test's, standing for the script's): its message says what went wrong.
+    Frames of the script's own code that macfleet called stay, and so does every frame of any
+    other error."""
     from macfleet import knobs
     from macfleet.workers.bootstrap import without_macfleet_frames
 
