@@ -9,7 +9,12 @@ For each N it runs one job (``macfleet launch --nproc N`` this file) whose ranks
 model with macfleet.DataParallel and then with torch DistributedDataParallel on gloo (NCCL with
 ``--ddp-backend nccl``, one GPU per rank), same model, data, batch and processes. Reported:
 step time, samples/s, the share of macfleet's step spent waiting for gradients after backward,
-and scaling efficiency (throughput at N / (N x throughput at 1)).
+and scaling efficiency (throughput at N / (N x throughput at 1)); on CUDA also "GPU MiB", the
+most GPU memory each took while it was built and took its first steps (model, gradients, the
+library's buffers, activations; the largest over the ranks). DDP keeps its buckets beside the
+gradients there (``gradient_as_bucket_view=False``, its default); DataParallel's gradients are
+views of its buckets, and its host staging buffers, in CPU memory, are not counted (on a Mac
+they are the same memory as the GPU's).
 
 The wait has two parts (on one host, whose ranks share a clock): "behind", the time rank 0 waits
 for the rank whose own backward ends last, whose gradients no exchange can average before they
@@ -126,6 +131,7 @@ class Contender:
     waits: list[float] = field(default_factory=list)
     # when each timed step's own backward ended, before its wait (perf_counter; macfleet only)
     backward_ends: list[float] = field(default_factory=list)
+    gpu_peak_bytes: int | None = None  # on a GPU: the most memory its building and first steps took
     _returned: float = 0.0  # when the last step's backward() returned, its wait included
 
     def step(self, x, y, sync) -> float:
@@ -153,12 +159,8 @@ class Contender:
 def interleaved(contenders: list[Contender], x, y, steps: int, sync, blocks: int = 4) -> None:
     """``steps`` timed steps of each contender, in ``blocks`` turns taken round robin (each turn
     starting with the next one), so that a slow spell of a shared machine falls on all of them
-    alike instead of on whichever happened to run then. Three untimed steps each first
-    (buffers, buckets, connections)."""
-    for c in contenders:
-        with c.block():
-            for _ in range(3):
-                c.step(x, y, sync)
+    alike instead of on whichever happened to run then (each has taken its untimed steps in
+    ``settled``)."""
     for b in range(blocks):
         for c in contenders[b % len(contenders):] + contenders[:b % len(contenders)]:
             with c.block():
@@ -166,6 +168,40 @@ def interleaved(contenders: list[Contender], x, y, steps: int, sync, blocks: int
                     c.times.append(c.step(x, y, sync))
                     if c.wait_of:
                         c.note_wait()
+
+
+def contender(library: str, model, join: bool) -> Contender:
+    """``model`` (wrapped by ``library``, or bare) trained with plain SGD; in its ``join()`` with
+    ``join``."""
+    import torch
+
+    return Contender(library, model, torch.optim.SGD(model.parameters(), lr=0.01),
+                     (lambda: model.last_wait_s) if library == "macfleet" else None,
+                     model.join if join else nullcontext)
+
+
+def settled(make: Callable[[], Contender], x, y, sync) -> Contender:
+    """The contender ``make`` builds, after three untimed steps (buffers, buckets, connections).
+    On a GPU it is built and stepped with its peak memory counted from nothing: what it took
+    on the GPU at the most (model, gradients, the library's buffers, activations), beside what
+    the others already hold; the largest over the ranks."""
+    import torch
+
+    import macfleet
+
+    gpu = x.device.type == "cuda"
+    if gpu:
+        sync()
+        torch.cuda.reset_peak_memory_stats(x.device)
+        before = torch.cuda.memory_allocated(x.device)
+    c = make()
+    with c.block():
+        for _ in range(3):
+            c.step(x, y, sync)
+    if gpu:
+        peak = torch.tensor([torch.cuda.max_memory_allocated(x.device) - before], dtype=torch.float64)
+        c.gpu_peak_bytes = int(macfleet.all_reduce(peak, "max").item())
+    return c
 
 
 def wait_parts(c: Contender) -> tuple[float, float] | None:
@@ -205,24 +241,20 @@ def rank_main(args: argparse.Namespace) -> None:
     results = []
     for name in args.models.split(","):
         batch = MODELS[name]
-        bare, shape = build(name)  # every build starts from the same seed: equal models
-        bare = bare.to(device)
+        model, shape = build(name)  # every build starts from the same seed: equal models
+        params = sum(p.numel() for p in model.parameters())
         g = torch.Generator().manual_seed(rank)
         x = torch.randn(batch, *shape, generator=g).to(device)
         y = torch.randint(0, 10, (batch,), generator=g).to(device)
-        params = sum(p.numel() for p in bare.parameters())
-        mf = macfleet.DataParallel(synced(build(name)[0], macfleet.SyncBatchNorm).to(device),
-                                   compression=args.compression)
-        contenders = [Contender("macfleet", mf, torch.optim.SGD(mf.parameters(), lr=0.01),
-                                lambda model=mf: model.last_wait_s, mf.join if args.join else nullcontext)]
-        ddp = None
+        contenders = [settled(lambda: contender("macfleet", macfleet.DataParallel(
+            synced(build(name)[0], macfleet.SyncBatchNorm).to(device), compression=args.compression), args.join),
+            x, y, sync)]
         if name != "bn" or device.type == "cuda":  # torch's SyncBatchNorm needs a GPU
-            ddp = torch.nn.parallel.DistributedDataParallel(
-                synced(build(name)[0], torch.nn.SyncBatchNorm).to(device),
-                device_ids=[device.index] if device.type == "cuda" else None)
-            contenders.append(Contender(f"ddp-{args.ddp_backend}", ddp, torch.optim.SGD(ddp.parameters(), lr=0.01),
-                                        block=ddp.join if args.join else nullcontext))
-        contenders.append(Contender("local", bare, torch.optim.SGD(bare.parameters(), lr=0.01)))
+            contenders.append(settled(lambda: contender(
+                f"ddp-{args.ddp_backend}", torch.nn.parallel.DistributedDataParallel(
+                    synced(build(name)[0], torch.nn.SyncBatchNorm).to(device),
+                    device_ids=[device.index] if device.type == "cuda" else None), args.join), x, y, sync))
+        contenders.append(settled(lambda: contender("local", model.to(device), join=False), x, y, sync))
         interleaved(contenders, x, y, args.steps, sync)
         for c in contenders:
             seconds, waited = c.medians()
@@ -234,8 +266,9 @@ def rank_main(args: argparse.Namespace) -> None:
                             "wait_share": None if waited is None else waited / seconds,
                             "behind_share": None if parts is None else parts[0],
                             "tail_share": None if parts is None else parts[1],
+                            "gpu_peak_bytes": c.gpu_peak_bytes,
                             "rank0_steps_s": c.times})  # in the order taken: a slow spell shows as a run
-        del mf, ddp, bare, contenders
+        del contenders  # before the next model's are built
     if rank == 0 and args.out:
         Path(args.out).write_text(json.dumps(results))
     dist.destroy_process_group()
@@ -267,9 +300,10 @@ def orchestrate(args: argparse.Namespace) -> None:
     where = f", hosts {args.hosts}" if args.hosts else ""
     wire = f", DataParallel compression {args.compression}" if args.compression != "none" else ""
     wire += ", every step inside join()" if args.join else ""
+    gpu = any(r["gpu_peak_bytes"] is not None for r in rows)  # peak memory, where it is counted: CUDA
     print(f"training throughput, device {args.device}{threads}{where}{wire} (step time is the slowest rank's median)")
     print(f"{'model':<6} {'N':>2} {'library':<10} {'step ms':>9} {'samples/s':>10} {'wait share':>10} "
-          f"{'behind':>7} {'tail':>5} {'scaling':>8} {'of bare':>8} {'vs DDP':>7}")
+          f"{'behind':>7} {'tail':>5} {'scaling':>8} {'of bare':>8} {'vs DDP':>7}{' GPU MiB' if gpu else ''}")
     for r in rows:
         ddp = next((d for d in rows if d["model"] == r["model"] and d["world"] == r["world"]
                     and d["library"].startswith("ddp")), None)
@@ -278,8 +312,9 @@ def orchestrate(args: argparse.Namespace) -> None:
                               ("wait_share", "behind_share", "tail_share"))
         eff = f"{r['scaling_efficiency']:.0%}" if r["scaling_efficiency"] is not None else ""
         of_bare = f"{r['of_bare']:.0%}" if r["of_bare"] is not None else ""
+        memory = f" {r['gpu_peak_bytes'] / 2**20:>7.0f}" if gpu else ""
         print(f"{r['model']:<6} {r['world']:>2} {r['library']:<10} {r['step_s'] * 1e3:>9.1f} {r['samples_s']:>10.0f} "
-              f"{wait:>10} {behind:>7} {tail:>5} {eff:>8} {of_bare:>8} {ratio:>7}")
+              f"{wait:>10} {behind:>7} {tail:>5} {eff:>8} {of_bare:>8} {ratio:>7}{memory}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
