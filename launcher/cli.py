@@ -327,14 +327,45 @@ def _find_script(script: str, cwd: str | None) -> str:
         here = os.path.realpath(os.path.expanduser(cwd))
         found = os.path.realpath(script if os.path.isfile(script) else os.path.join(here, script))
         if os.path.isfile(found) and os.path.commonpath([found, here]) == here:
+            _a_python_script(found, script)
             return os.path.relpath(found, here)
     if os.path.isfile(script):
+        _a_python_script(script, script)
         return os.path.abspath(script)
     if cwd is not None and not os.path.isabs(script) and os.path.isfile(os.path.join(cwd, script)):
+        _a_python_script(os.path.join(cwd, script), script)
         return os.path.abspath(os.path.join(cwd, script))
     where = f" (in {os.getcwd()}" + (f" or --cwd {cwd})" if cwd is not None else ")")
     raise click.BadParameter(f"no such file: {script}{where if not os.path.isabs(script) else ''}",
                              param_hint="SCRIPT")
+
+
+SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "fish", "csh", "tcsh"}  # macOS's and Linux's
+
+
+def _a_python_script(path: str, given: str) -> None:
+    """A script whose ``#!`` line names another interpreter (``run.sh``, a wrapper that sets
+    things up and then runs ``python train.py``) was run by every rank as Python: a
+    SyntaxError from each. Every rank runs SCRIPT with Python, as under torchrun and
+    mlx.launch: say so before anything starts. A file without a ``#!`` line, or whose ``#!``
+    line names another runner of Python scripts (``uv run --script``), is Python, as python
+    itself takes it."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return  # unreadable here: the ranks say why, where they run it
+    words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
+    if words and os.path.basename(words[0]) == "env":  # #!/usr/bin/env [-S] [K=V] bash
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+    shell = os.path.basename(words[0]) if words else ""
+    if shell not in SHELLS:  # python, or a Python script's runner (uv run --script): python runs it
+        return
+    raise click.BadParameter(
+        f"{given} is a {shell} script ({first.decode(errors='replace').strip()}), and every "
+        f"rank runs SCRIPT with Python (--python picks which): give the Python script it runs, with its "
+        f"arguments (macfleet launch [OPTIONS] train.py [ARGS]); what it sets up, set it before macfleet "
+        f"launch or with --env K=V", param_hint="SCRIPT")
 
 
 def parse_ranks(text: str, world_size: int) -> list[int]:

@@ -575,6 +575,22 @@ def test_another_launcher_s_habits_are_answered_with_macfleet_s_way() -> None:
         assert job.code == 2 and f"that is {whose}; macfleet's is {ours}" in job.stderr, job.stderr
 
 
+def test_a_shell_script_as_script_is_refused_before_any_rank_runs_it(tmp_path) -> None:
+    """Every rank runs SCRIPT with Python. A shell wrapper (``run.sh``, which sets things up and
+    runs ``python train.py``) was run as Python by each rank: a SyntaxError from every one.
+    A Python script whose ``#!`` line names another runner (uv's) runs, as python runs it."""
+    for name, first in (("run.sh", "#!/bin/sh"), ("train-wrapper", "#!/usr/bin/env -S LR=3 bash -e")):
+        (tmp_path / name).write_text(f"{first}\npython train.py\n")
+        job = run_launch("--nproc", "2", name, "--lr", "3", cwd=str(tmp_path), timeout=60)
+        shell = first.split()[-2] if "env" in first else "sh"
+        assert job.code == 2 and "[rank" not in job.stdout and "SyntaxError" not in job.output, job.output
+        assert f"{name} is a {shell} script ({first})" in job.stderr, job.stderr
+        assert "give the Python script it runs" in job.stderr and "--env K=V" in job.stderr, job.stderr
+    (tmp_path / "tool.py").write_text("#!/usr/bin/env -S uv run --script\nimport sys\nprint('ran', sys.argv[1:])\n")
+    job = run_launch("--nproc", "1", "tool.py", "--lr", "3", cwd=str(tmp_path), timeout=60)
+    assert job.code == 0 and "[rank 0] ran ['--lr', '3']" in job.stdout, job.output
+
+
 def test_python_m_macfleet_is_the_macfleet_command(tmp_path) -> None:
     """Where ``pip install --user`` put the ``macfleet`` command off the PATH (macOS's
     ~/Library/Python/3.x/bin), ``python -m macfleet`` runs it, as ``python -m
