@@ -246,6 +246,10 @@ def rank_main(args: argparse.Namespace) -> None:
         g = torch.Generator().manual_seed(rank)
         x = torch.randn(batch, *shape, generator=g).to(device)
         y = torch.randint(0, 10, (batch,), generator=g).to(device)
+        if device.type == "cuda":  # cuBLAS's and cuDNN's workspaces, which the first step of any model
+            warm = build(name)[0].to(device)  # allocates, are not the first contender's own memory
+            torch.nn.functional.cross_entropy(warm(x), y).backward()
+            del warm
         contenders = [settled(lambda: contender("macfleet", macfleet.DataParallel(
             synced(build(name)[0], macfleet.SyncBatchNorm).to(device), compression=args.compression), args.join),
             x, y, sync)]
