@@ -44,7 +44,7 @@ class Host:
     @property
     def is_local(self) -> bool:
         """Started here, without ssh."""
-        return (self.here or self.name in LOCAL_NAMES) and self.user is None
+        return (self.here or self.name.lower() in LOCAL_NAMES) and self.user is None
 
     @property
     def ssh_target(self) -> str:
@@ -198,8 +198,9 @@ def data_addresses(text: str, what: str) -> tuple[str, ...]:
 
 
 def _check_unique(hosts: list[Host]) -> None:
-    seen: set[str] = set()
+    seen: set[tuple[str | None, str]] = set()
     for h in hosts:
-        if h.ssh_target in seen:
+        key = (h.user, h.name.lower())  # host names have no case (DNS, a Mac's .local name); user names do
+        if key in seen:
             raise ValueError(f"host {h.ssh_target} is listed twice; give it more slots instead")
-        seen.add(h.ssh_target)
+        seen.add(key)

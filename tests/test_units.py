@@ -383,9 +383,14 @@ def test_a_validly_signed_non_map_or_wrong_version_is_refused() -> None:
 def test_host_lists() -> None:
     hosts = parse_hosts("a:2,bob@b:1,c", default_slots=3)
     assert [(h.name, h.slots, h.user) for h in hosts] == [("a", 2, None), ("b", 1, "bob"), ("c", 3, None)]
-    for bad in ("a:x", "a,,b", "a:0", "a b", "a,a"):
+    for bad in ("a:x", "a,,b", "a:0", "a b"):
         with pytest.raises(ValueError):
             parse_hosts(bad)
+    for twice in ("a,a", "mini.local:2,Mini.local:2", "localhost,LocalHost", "ann@mini,ann@MINI"):
+        with pytest.raises(ValueError, match="is listed twice; give it more slots instead"):
+            parse_hosts(twice)
+    # host names have no case, user names do; LOCALHOST went to ssh, which needs Remote Login on
+    assert [h.is_local for h in parse_hosts("LocalHost:1,ann@mini:1,Ann@mini:1")] == [True, False, False]
     # --hosts "$HOSTS" with HOSTS unset ran on this Mac alone, one rank, as if no list were given
     for empty in ("", " "):
         with pytest.raises(ValueError, match="--hosts is empty"):
