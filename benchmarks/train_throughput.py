@@ -3,7 +3,7 @@
     python benchmarks/train_throughput.py [--nprocs 1,2,4] [--device cpu|cuda] [--models cnn,large]
                                           [--steps 20] [--threads-per-rank K] [--json FILE]
                                           [--hosts mini1:1,mini2:1 [--launch-args "..."]]
-                                          [--compression none|fp16|bf16] [--join]
+                                          [--compression none|fp16|bf16] [--join] [--ddp-bucket-view]
 
 For each N it runs one job (``macfleet launch --nproc N`` this file) whose ranks train each
 model with macfleet.DataParallel and then with torch DistributedDataParallel on gloo (NCCL with
@@ -12,9 +12,9 @@ step time, samples/s, the share of macfleet's step spent waiting for gradients a
 and scaling efficiency (throughput at N / (N x throughput at 1)); on CUDA also "GPU MiB", the
 most GPU memory each took while it was built and took its first steps (model, gradients, the
 library's buffers, activations; the largest over the ranks). DDP keeps its buckets beside the
-gradients there (``gradient_as_bucket_view=False``, its default); DataParallel's gradients are
-views of its buckets, and its host staging buffers, in CPU memory, are not counted (on a Mac
-they are the same memory as the GPU's).
+gradients there (``gradient_as_bucket_view=False``, its default; ``--ddp-bucket-view`` sets it
+True); DataParallel's gradients are views of its buckets, and its host staging buffers, in CPU
+memory, are not counted (on a Mac they are the same memory as the GPU's).
 
 The wait has two parts (on one host, whose ranks share a clock): "behind", the time rank 0 waits
 for the rank whose own backward ends last, whose gradients no exchange can average before they
@@ -257,7 +257,8 @@ def rank_main(args: argparse.Namespace) -> None:
             contenders.append(settled(lambda: contender(
                 f"ddp-{args.ddp_backend}", torch.nn.parallel.DistributedDataParallel(
                     synced(build(name)[0], torch.nn.SyncBatchNorm).to(device),
-                    device_ids=[device.index] if device.type == "cuda" else None), args.join), x, y, sync))
+                    device_ids=[device.index] if device.type == "cuda" else None,
+                    gradient_as_bucket_view=args.ddp_bucket_view), args.join), x, y, sync))
         contenders.append(settled(lambda: contender("local", model.to(device), join=False), x, y, sync))
         interleaved(contenders, x, y, args.steps, sync)
         for c in contenders:
@@ -290,7 +291,8 @@ def orchestrate(args: argparse.Namespace) -> None:
                        "--device", args.device, os.path.abspath(__file__), "--rank-mode", "--out", str(out),
                        "--models", args.models, "--steps", str(args.steps), "--device", args.device,
                        "--ddp-backend", args.ddp_backend, "--threads-per-rank", str(args.threads_per_rank),
-                       "--compression", args.compression, *(["--join"] if args.join else [])]
+                       "--compression", args.compression, *(["--join"] if args.join else []),
+                       *(["--ddp-bucket-view"] if args.ddp_bucket_view else [])]
             subprocess.run(command, check=True)
             rows += json.loads(out.read_text())
     base = {(r["model"], r["library"]): r["samples_s"] for r in rows if r["world"] == 1}
@@ -304,6 +306,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     where = f", hosts {args.hosts}" if args.hosts else ""
     wire = f", DataParallel compression {args.compression}" if args.compression != "none" else ""
     wire += ", every step inside join()" if args.join else ""
+    wire += ", DDP's gradients views of its buckets" if args.ddp_bucket_view else ""
     gpu = any(r["gpu_peak_bytes"] is not None for r in rows)  # peak memory, where it is counted: CUDA
     print(f"training throughput, device {args.device}{threads}{where}{wire} (step time is the slowest rank's median)")
     print(f"{'model':<6} {'N':>2} {'library':<10} {'step ms':>9} {'samples/s':>10} {'wait share':>10} "
@@ -337,6 +340,8 @@ def main() -> None:
     parser.add_argument("--launch-args", default="", help="more options for macfleet launch (with --hosts)")
     parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"])
     parser.add_argument("--join", action="store_true", help="steps inside DataParallel.join() and DDP.join()")
+    parser.add_argument("--ddp-bucket-view", action="store_true",
+                        help="DDP(gradient_as_bucket_view=True): its gradients in its buckets, as DataParallel's are")
     parser.add_argument("--json", default=None)
     parser.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
