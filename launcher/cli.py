@@ -344,8 +344,8 @@ SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "fish", "csh", "tcsh"}  # macOS's 
 
 
 def _a_python_script(path: str, given: str) -> None:
-    """A script whose ``#!`` line names another interpreter (``run.sh``, a wrapper that sets
-    things up and then runs ``python train.py``) was run by every rank as Python: a
+    """A script whose ``#!`` line names a shell (``run.sh``, a wrapper that sets things up
+    and then runs ``python train.py``) was run by every rank as Python: a
     SyntaxError from each. Every rank runs SCRIPT with Python, as under torchrun and
     mlx.launch: say so before anything starts. A file without a ``#!`` line, or whose ``#!``
     line names another runner of Python scripts (``uv run --script``), is Python, as python
