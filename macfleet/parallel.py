@@ -103,6 +103,7 @@ class DataParallel(nn.Module):
         bucket_cap_mb = 25.0 if bucket_cap_mb is None else bucket_cap_mb  # DDP's None: its default, 25 MiB
         if compression not in WIRE_DTYPES:
             raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
+        _check_materialized(module)
         self.module = module
         self.device_ids, self.output_device = device_ids, output_device  # read by some DDP scripts
         self._input_device = input_device(module, device_ids, process_group)
@@ -782,6 +783,18 @@ def _left_on_the_cpu(module: nn.Module, runtime: rt.Runtime) -> None:
         warn_at_script(f"DataParallel wraps a model whose parameters are on the CPU, while this rank drives "
                        f"{runtime.device.torch_device}: it would train on the CPU. Move it first, "
                        f"DataParallel(model.to(macfleet.device())), or launch with --device cpu to train on the CPU")
+
+
+def _check_materialized(module: nn.Module) -> None:
+    """A model built on the meta device (``with torch.device("meta")``, to build a big one
+    fast) and wrapped before it was given memory: the error came from our broadcast of the
+    parameters, named "parameters", or, in a job of one, from torch at the first forward."""
+    for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
+        for name, tensor in named:
+            if tensor.is_meta:
+                raise ConfigError(f"{kind} {name!r} is on the meta device, which holds no data: give the model "
+                                  f"memory before wrapping it, model.to_empty(device=macfleet.device()) and then "
+                                  f"load or initialize its weights")
 
 
 def _check_trainable(named: list[tuple[str, nn.Parameter]], device: Device) -> None:

@@ -196,6 +196,25 @@ def test_a_second_init_that_asks_for_another_device_is_refused() -> None:
         macfleet.init(device=other)
 
 
+def test_a_model_on_the_meta_device_is_named_when_wrapped() -> None:
+    """Built under ``torch.device("meta")`` (fast, for big models) and wrapped before it got
+    memory: a job of one failed at the first forward with torch's error, a job of several in
+    our broadcast, with the name "parameters". The wrapping names the tensor and what to do."""
+    import macfleet
+
+    macfleet.init()  # a job of one, here: no launcher
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    with pytest.raises(ConfigError, match=r"^parameter '0.weight' is on the meta device.*model.to_empty\(device="):
+        macfleet.DataParallel(model)
+    model.to_empty(device="cpu")
+    model[1].register_buffer("scale", torch.ones(1, device="meta"))
+    with pytest.raises(ConfigError, match=r"^buffer '1.scale' is on the meta device"):
+        macfleet.DataParallel(model)
+    del model[1].scale
+    assert macfleet.DataParallel(model)(torch.ones(2, 3)).shape == (2, 3)
+
+
 def test_every_exported_name_resolves_and_every_lazy_name_is_exported() -> None:
     import macfleet
 
