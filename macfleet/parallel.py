@@ -103,6 +103,7 @@ class DataParallel(nn.Module):
         bucket_cap_mb = 25.0 if bucket_cap_mb is None else bucket_cap_mb  # DDP's None: its default, 25 MiB
         if compression not in WIRE_DTYPES:
             raise ConfigError(f"compression {compression!r}: choose one of {', '.join(WIRE_DTYPES)}")
+        _check_not_wrapped(module)
         _check_materialized(module)
         self.module = module
         self.device_ids, self.output_device = device_ids, output_device  # read by some DDP scripts
@@ -783,6 +784,20 @@ def _left_on_the_cpu(module: nn.Module, runtime: rt.Runtime) -> None:
         warn_at_script(f"DataParallel wraps a model whose parameters are on the CPU, while this rank drives "
                        f"{runtime.device.torch_device}: it would train on the CPU. Move it first, "
                        f"DataParallel(model.to(macfleet.device())), or launch with --device cpu to train on the CPU")
+
+
+def _check_not_wrapped(module: nn.Module) -> None:
+    """A DataParallel in the model: its forward refused the outer one's call, as its parameters
+    were "wrapped again by a newer DataParallel", and said to train through the newer one, as the
+    script did."""
+    for name, inner in module.named_modules():
+        if isinstance(inner, DataParallel):
+            if not name:
+                raise ConfigError("the model given to DataParallel is a DataParallel already: wrap a model once; to "
+                                  "wrap it anew (after freezing or adding layers), wrap the model inside it, "
+                                  "DataParallel(model.module)")
+            raise ConfigError(f"the model given to DataParallel holds a DataParallel ({name!r}): wrap a model once, "
+                              f"the whole model, with the model inside that one ({name}.module) in its place")
 
 
 def _check_materialized(module: nn.Module) -> None:

@@ -215,6 +215,22 @@ def test_a_model_on_the_meta_device_is_named_when_wrapped() -> None:
     assert macfleet.DataParallel(model)(torch.ones(2, 3)).shape == (2, 3)
 
 
+def test_a_data_parallel_of_a_data_parallel_is_refused_when_wrapped() -> None:
+    """Nor one holding a DataParallel: the outer one's forward called the inner one's, which
+    refused it as wrapped again by a newer DataParallel and said to train through the newer
+    one, as the script did."""
+    import macfleet
+
+    macfleet.init()  # a job of one, here: no launcher
+    inner = macfleet.DataParallel(torch.nn.Linear(2, 2))
+    with pytest.raises(ConfigError, match=r"is a DataParallel already.*DataParallel\(model.module\)"):
+        macfleet.DataParallel(inner)
+    with pytest.raises(ConfigError, match=r"holds a DataParallel \('0'\)"):
+        macfleet.DataParallel(torch.nn.Sequential(inner, torch.nn.ReLU()))
+    assert inner(torch.ones(1, 2)).shape == (1, 2)  # still the one that trains
+    assert macfleet.DataParallel(inner.module)(torch.ones(1, 2)).shape == (1, 2)
+
+
 def test_every_exported_name_resolves_and_every_lazy_name_is_exported() -> None:
     import macfleet
 
