@@ -70,7 +70,10 @@ def bucket_bytes(name: str, mib: object) -> int:
     argparse hands it over) with "Exceeds the limit (4300 digits)", after a copy of itself made
     2 million characters long."""
     if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not math.isfinite(mib) or mib < 0:
-        raise ConfigError(f"{name}={mib!r}: give a number of MiB, 0 or more")
+        # DDP(model, [local_rank]): DDP's second argument is device_ids, where ours is the cap
+        ported = (f" (DataParallel's second argument is bucket_cap_mb, where DDP's is device_ids: give "
+                  f"device_ids={mib!r} by name)" if name == "bucket_cap_mb" and isinstance(mib, (list, tuple)) else "")
+        raise ConfigError(f"{name}={mib!r}: give a number of MiB, 0 or more{ported}")
     return int(mib * 2**20)
 
 

@@ -92,6 +92,8 @@ class DataParallel(nn.Module):
                  gradient_as_bucket_view: bool = False, static_graph: bool = False,
                  forward_sync_buffers: bool | None = None, **ddp_only: Any) -> None:
         super().__init__()
+        if not isinstance(module, nn.Module):  # an AttributeError from deep inside, before
+            raise ConfigError(f"DataParallel wraps a torch.nn.Module (the model), not {type(module).__name__}")
         refuse_ddp_only(ddp_only)  # DDP's other options: what to do instead
         # As DDP's: rank 0's buffers go to every rank at the start unless broadcast_buffers=False
         # says not (a script that keeps rank-local buffers); forward_sync_buffers (torch 2.13's

@@ -248,6 +248,20 @@ def test_a_bucket_cap_that_is_no_size_is_named(option: str, value: object) -> No
         macfleet.DataParallel(nn.Linear(2, 2), **{option: value})
 
 
+def test_ddp_s_positional_device_ids_and_a_model_that_is_no_module_are_named() -> None:
+    """``DDP(model, [local_rank])`` ported as it stood gave our second argument, the bucket cap,
+    a list, and the error named the cap alone; a model that is no module (None from a builder
+    that forgot to return it) was an AttributeError from inside the wrapping."""
+    with pytest.raises(macfleet.ConfigError, match=r"^bucket_cap_mb=\[0\]: give a number of MiB, 0 or more \(Data"
+                                                   r"Parallel's second argument is bucket_cap_mb, where DDP's is "
+                                                   r"device_ids: give device_ids=\[0\] by name\)$"):
+        macfleet.DataParallel(nn.Linear(2, 2), [0])
+    for wrong, named in ((None, "NoneType"), (nn.Linear(2, 2).forward, "method")):
+        with pytest.raises(macfleet.ConfigError, match=rf"^DataParallel wraps a torch.nn.Module \(the model\), not "
+                                                       rf"{named}$"):
+            macfleet.DataParallel(wrong)
+
+
 def test_buffers_are_broadcast_from_rank_0(dp_job) -> None:
     """The case ends with a forward on one input everywhere and compares the ranks' buffers."""
     job, out = dp_job("buffers")
