@@ -218,7 +218,7 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
               help="Write when every rank's collectives, forwards, backwards and waits ran to FILE on this Mac, "
                    "for https://ui.perfetto.dev or chrome://tracing.")
 @click.option("-m", "--module", is_flag=True, help="SCRIPT is a module, run as python -m runs it (from --cwd).")
-@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("script", type=click.Path())
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def launch(script: str, script_args: tuple[str, ...], device: str, seed: int, memory_fraction: float | None,
            heartbeat_timeout: float, stall_timeout: float, stall_action: str, max_restarts: int,
@@ -323,6 +323,7 @@ def _find_script(script: str, cwd: str | None) -> str:
     """The script's absolute path: as given, else (relative) in ``--cwd``, where the ranks run
     it, as ``cd CWD && python SCRIPT`` would. Under a ``--cwd`` in the home directory, its path
     from there: each host finds it under its own home."""
+    script = _main_of_a_folder(script, cwd)
     if cwd is not None and in_home(cwd):
         here = os.path.realpath(os.path.expanduser(cwd))
         found = os.path.realpath(script if os.path.isfile(script) else os.path.join(here, script))
@@ -341,6 +342,18 @@ def _find_script(script: str, cwd: str | None) -> str:
 
 
 SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "fish", "csh", "tcsh"}  # macOS's and Linux's
+
+
+def _main_of_a_folder(script: str, cwd: str | None) -> str:
+    """A folder given as SCRIPT is run as ``python FOLDER`` runs it: its ``__main__.py``."""
+    folders = [script] + ([os.path.join(os.path.expanduser(cwd), script)] if cwd and not os.path.isabs(script) else [])
+    folder = next((f for f in folders if os.path.isdir(f)), None)
+    if folder is None:
+        return script
+    if not os.path.isfile(os.path.join(folder, "__main__.py")):
+        raise click.BadParameter(f"{script} is a folder without a __main__.py: give the script in it, or -m "
+                                 f"package.module for a module of a package", param_hint="SCRIPT")
+    return os.path.join(script, "__main__.py")
 
 
 def _a_python_script(path: str, given: str) -> None:

@@ -591,6 +591,19 @@ def test_a_shell_script_as_script_is_refused_before_any_rank_runs_it(tmp_path) -
     assert job.code == 0 and "[rank 0] ran ['--lr', '3']" in job.stdout, job.output
 
 
+def test_a_folder_as_script_runs_its_main_as_python_runs_it(tmp_path) -> None:
+    """``python tool/`` runs ``tool/__main__.py``, and so does torchrun, which hands SCRIPT to
+    python; ours said "'tool' is a directory". One without a ``__main__.py`` is named."""
+    (tmp_path / "tool").mkdir()
+    (tmp_path / "tool" / "helper.py").write_text("WORD = 'helped'\n")  # its folder is on sys.path, as under python
+    (tmp_path / "tool" / "__main__.py").write_text("import sys, helper\nprint(helper.WORD, sys.argv[1:])\n")
+    job = run_launch("--nproc", "2", "tool", "--lr", "3", cwd=str(tmp_path), timeout=60)
+    assert job.code == 0 and job.stdout.count("] helped ['--lr', '3']") == 2, job.output
+    (tmp_path / "empty").mkdir()
+    job = run_launch("--nproc", "2", "empty", cwd=str(tmp_path), timeout=60)
+    assert job.code == 2 and "empty is a folder without a __main__.py" in job.stderr, job.output
+
+
 def test_python_m_macfleet_is_the_macfleet_command(tmp_path) -> None:
     """Where ``pip install --user`` put the ``macfleet`` command off the PATH (macOS's
     ~/Library/Python/3.x/bin), ``python -m macfleet`` runs it, as ``python -m
