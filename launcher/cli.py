@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import sys
+from dataclasses import replace
 from typing import Any, Callable, NoReturn
 
 import click
@@ -107,7 +108,8 @@ def job_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """What a job's agents and ranks run with on every host."""
     options = [
         click.option("--python", "python", callback=not_empty, default=sys.executable, show_default=True,
-                     help="Python interpreter on the hosts (with macfleet and torch installed)."),
+                     help="Python interpreter on the hosts (with macfleet and torch installed); a "
+                          "hostfile line's python=PATH names that host's own."),
         click.option("--cwd", callback=not_empty, default=None,
                      help="Working directory on every host [default: the current one]."),
         click.option("--data-addr", callback=not_empty, default=None, metavar="IP[,IP...]",
@@ -176,11 +178,14 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
     if wrong:
         raise click.UsageError("; ".join(wrong))
     cwd = cwd if in_home(cwd) else os.path.abspath(cwd or os.getcwd())  # ~/...: each host's own home
-    if any(h.is_local for h in host_list):  # remote hosts' agents report their own
+    local = next((h for h in host_list if h.is_local), None)
+    if local is not None:  # remote hosts' agents report their own
         if not os.path.isdir(os.path.expanduser(cwd)):
             raise click.BadParameter(f"no such directory: {cwd}", param_hint="--cwd")
-        if shutil.which(os.path.expanduser(python)) is None:
-            raise click.BadParameter(f"no such program: {python}", param_hint="--python")
+        if shutil.which(os.path.expanduser(local.python or python)) is None:
+            named = f" (the python= of {local.name})" if local.python else ""
+            raise click.BadParameter(f"no such program: {local.python or python}{named}",
+                                     param_hint="--hostfile" if local.python else "--python")
     return LaunchConfig(hosts=host_list, script=script, args=list(script_args), python=python,
                         cwd=cwd, env=env, ssh=ssh, data_addrs=data_addrs,
                         data_iface=data_iface, **rest)
@@ -409,7 +414,7 @@ def doctor(megabytes: int, **hosts: Any) -> None:
     hosts["nproc"] = 1  # one rank per host: the probe measures links between hosts
     cfg = make_config("-m", ["macfleet.workers.linkprobe", "--megabytes", str(megabytes)],
                       allow_version_mismatch=True, device="cpu", **hosts)
-    cfg.hosts = [Host(h.name, 1, h.user, h.addrs) for h in cfg.hosts]
+    cfg.hosts = [replace(h, slots=1) for h in cfg.hosts]  # each host as the job knows it: here, its Python
     sys.exit(run_doctor(cfg))
 
 

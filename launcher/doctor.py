@@ -35,7 +35,8 @@ FIND_MODULES = (f"{WITHOUT_CWD}; import importlib.util; "
 def check_host(host: Host, cfg: LaunchConfig) -> str | None:
     """None if ``host`` runs our Python with macfleet and torch (over ssh, unless it is this
     machine: a --python without them is named in the table too), else what is wrong."""
-    command = [cfg.python, "-c", FIND_MODULES, "macfleet", "torch"]
+    python = cfg.python_on(host)
+    command = [python, "-c", FIND_MODULES, "macfleet", "torch"]
     if not host.is_local:
         command = ssh_command(host, cfg.ssh, cfg.cwd, command)
     try:
@@ -48,7 +49,7 @@ def check_host(host: Host, cfg: LaunchConfig) -> str | None:
     if out.returncode == 0:
         return None
     if out.returncode == 3:
-        return f"{cfg.python} there has no {' and no '.join(out.stderr.split())}"
+        return f"{python} there has no {' and no '.join(out.stderr.split())}"
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     said = lines[-1] if lines else f"exited with code {out.returncode}"
     return f"unreachable: {said}" if out.returncode == 255 else said  # 255: ssh's own failure, else the command's
@@ -61,7 +62,8 @@ def run_doctor(cfg: LaunchConfig) -> int:
         rows = [[h.ssh_target, err or "ok"] for h, err in zip(cfg.hosts, reach, strict=True)]
         print(_table(["host", "ssh"], rows))
         print("\nfix: make `ssh HOST` work without a password (ssh-copy-id HOST), and install the same Python "
-              "environment with macfleet and torch on every host (--python names its interpreter).")
+              "environment with macfleet and torch on every host (--python names its interpreter; python=PATH on a "
+              "hostfile line, a host's own).")
         advice = next((a for a in map(local_network_advice, filter(None, reach)) if a), "")
         if advice:  # "No route to host" on macOS 15+: the terminal's permission, not the network
             print(f"     {advice[0].upper()}{advice[1:]}.")

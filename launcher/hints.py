@@ -60,8 +60,9 @@ def _missing_module_hint(error: dict, host: str) -> list[str]:
                 f"calls: macfleet has one for each (hvd.init() is macfleet.init(), hvd.DistributedOptimizer is "
                 f"macfleet.DataParallel around the model...: the README's Horovod table)"]
     return [f"  {module} is not installed for {python} on {host}: install it there (every host needs the script's "
-            f"packages; a module of the script's own must be in its folder there too), or give --python the Python "
-            f"that has it (macfleet doctor checks torch and macfleet on every host)"]
+            f"packages; a module of the script's own must be in its folder there too), or name the Python that has "
+            f"it (--python, or python=PATH on its hostfile line; macfleet doctor checks torch and macfleet on every "
+            f"host)"]
 
 
 def _device_memory_hint(error: dict, host: str) -> list[str]:

@@ -7,6 +7,7 @@ Hostfile example (``#`` starts a comment, blank lines are ignored)::
     alice@mini2     slots=1   max_slots=1   # OpenMPI's cap: more ranks asked of it is an error
     studio3         slots=1   addr=192.168.1.2,192.168.2.1   # one address per cable, as MLX's rings
     studio4         slots=2   share=3   # each rank's part of every step (macfleet.shares())
+    air5            slots=1   python=~/miniconda3/envs/ml/bin/python   # its own Python (else --python)
 
 MLX's JSON hostfiles (``mlx.distributed_config``'s) are read too: see ``mlx_hosts``.
 
@@ -35,6 +36,7 @@ class Host:
     addrs: tuple[str, ...] = ()
     share: int = 1  # each of its ranks' part of every step, against other hosts' (macfleet.shares())
     here: bool = False  # the name is this machine's (see remote.is_this_machine)
+    python: str | None = None  # its agent's and ranks' Python, where it has one of its own (else --python)
 
     @property
     def addr(self) -> str | None:
@@ -51,7 +53,7 @@ class Host:
         return f"{self.user}@{self.name}" if self.user else self.name
 
 
-def _host(text: str, slots: int, addrs: tuple[str, ...], where: str, share: int = 1) -> Host:
+def _host(text: str, slots: int, addrs: tuple[str, ...], where: str, share: int = 1, python: str | None = None) -> Host:
     m = _NAME.match(text)
     if not m and "%" in text:  # fe80::1%en0: the interface is one of this Mac's, not the others'
         raise ValueError(f"{where}: {text!r} is a link-local IPv6 address, which names an interface of this Mac "
@@ -62,7 +64,7 @@ def _host(text: str, slots: int, addrs: tuple[str, ...], where: str, share: int 
         raise ValueError(f"{where}: {text!r} is not a host name (expected [user@]host)")
     if slots < 1:
         raise ValueError(f"{where}: slots must be at least 1, not {slots}")
-    return Host(name=m["host"].strip("[]"), slots=slots, user=m["user"], addrs=addrs, share=share)
+    return Host(name=m["host"].strip("[]"), slots=slots, user=m["user"], addrs=addrs, share=share, python=python)
 
 
 def _ipv6_unbracketed(where: str, text: str, slots_after: bool) -> str:
@@ -119,7 +121,7 @@ def _hostfile_line(raw: str, where: str, default_slots: int) -> Host | None:
     if not line:
         return None
     name, *options = line.split()
-    slots, addrs, cap, share = default_slots, (), None, 1
+    slots, addrs, cap, share, python = default_slots, (), None, 1, None
     for option in options:
         key, sep, value = option.partition("=")
         if key == "slots" and sep and value.isdigit():
@@ -130,12 +132,16 @@ def _hostfile_line(raw: str, where: str, default_slots: int) -> Host | None:
             share = int(value)
         elif key in ("max_slots", "max-slots") and sep and value.isdigit():
             cap = int(value)  # OpenMPI's cap: a job that asks this host for more is refused
+        elif key == "python" and sep and value:
+            # Macs set up apart (a conda env on one, a venv on another): each its own interpreter
+            python = value
         else:
-            raise ValueError(f"{where}: cannot read {option!r} (expected slots=N, share=N or addr=IP[,IP...])")
+            raise ValueError(f"{where}: cannot read {option!r} (expected slots=N, share=N, addr=IP[,IP...] or "
+                             f"python=PATH)")
     if cap is not None and slots > cap:
         raise ValueError(f"{where}: {slots} ranks asked of {name}, over its max_slots={cap} "
                          f"(give it slots=N of at most {cap}, or a smaller --nproc)")
-    return _host(name, slots, addrs, where, share)
+    return _host(name, slots, addrs, where, share, python)
 
 
 def mlx_hosts(path: str, text: str, default_slots: int) -> list[Host]:

@@ -46,7 +46,7 @@ class LaunchConfig:
     device: str = "auto"
     seed: int = 0
     memory_fraction: float | None = None
-    python: str = sys.executable
+    python: str = sys.executable  # of every host without a python= of its own in the hostfile
     cwd: str = field(default_factory=os.getcwd)
     env: dict[str, str] = field(default_factory=dict)
     ssh: SshOptions = field(default_factory=SshOptions)
@@ -67,6 +67,10 @@ class LaunchConfig:
     @property
     def world_size(self) -> int:
         return sum(h.slots for h in self.hosts)
+
+    def python_on(self, host: Host) -> str:
+        """The Python of ``host``'s agent and ranks: its hostfile line's python=, else --python."""
+        return host.python or self.python
 
 
 @dataclass
@@ -219,7 +223,7 @@ def run_job(cfg: LaunchConfig, stdin: StdinRelay | None = None, trace: TraceFile
                 host_index=index, host=host.name, data_addrs=data_addrs[index], data_iface=cfg.data_iface,
                 rank_base=rank_base, slots=host.slots, world_size=cfg.world_size, script=cfg.script,
                 args=list(cfg.args), device=cfg.device, seed=cfg.seed, memory_fraction=cfg.memory_fraction,
-                cwd=cfg.cwd, python=cfg.python, restart_count=cfg.restart_count,
+                cwd=cfg.cwd, python=cfg.python_on(host), restart_count=cfg.restart_count,
                 env={**forwarded, **cfg.env, **shares_env(cfg.hosts), **({timeline.ENV: "1"} if trace else {})},
                 grace_s=cfg.grace_s, prefix_host=len(cfg.hosts) > 1, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
                 log_dir=cfg.log_dir, show_ranks=cfg.show_ranks,
@@ -365,7 +369,8 @@ def _agent_lost(agent: AgentProc, reached: bool, waited_s: float) -> str:
     if said.startswith("macfleet agent"):
         return said  # it refused, and said why
     if said.startswith(NOT_INSTALLED):
-        return f"{said} on {agent.host.name}: install it there, or give --python the Python that has it"
+        return (f"{said} on {agent.host.name}: install it there, or name the Python that has it (--python, or "
+                f"python=PATH on its hostfile line)")
     if code < 0:  # killed by a signal: the agent itself, or the ssh process that runs a remote one
         what = "the agent on" if agent.host.is_local else "the ssh connection to"
         return f"{what} {agent.host.name} was killed by {_signal_name(-code)}"
@@ -377,7 +382,8 @@ def _agent_lost(agent: AgentProc, reached: bool, waited_s: float) -> str:
                 + (f": {said}" if said else ""))
     lost = f"the agent on {agent.host.name} exited unexpectedly (code {code})" + (f": {said}" if said else "")
     if code == 127:  # the remote shell found no such program
-        lost += f" (is --python {agent.spec.python} right for that host?)"
+        named = f"python={agent.spec.python} in the hostfile" if agent.host.python else f"--python {agent.spec.python}"
+        lost += f" (is {named} right for that host?)"
     return lost
 
 

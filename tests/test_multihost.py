@@ -619,6 +619,33 @@ def test_a_remote_python_without_macfleet_is_named(sshd, tmp_path) -> None:
     assert job.code == 1 and f"macfleet is not installed for {python} on 127.0.0.2: install it there" in root, root
 
 
+def test_a_host_s_own_python_from_the_hostfile_runs_its_agent_and_ranks(sshd, tmp_path) -> None:
+    """Macs set up apart (a conda environment on one, a venv on another) had one --python for
+    all. A hostfile line's python=PATH is that host's; the others keep --python's. A wrong one is
+    named with its host, by doctor before any job and by a job's report."""
+    marked = tmp_path / "marked-python"  # the same environment, known by what it sets
+    marked.write_text(f'#!/bin/sh\nMARK=own exec {os.sys.executable} "$@"\n')
+    marked.chmod(0o755)
+    script = tmp_path / "which.py"
+    script.write_text("import os, macfleet\nmacfleet.init()\nprint('python of', macfleet.rank(), os.environ.get('MARK'))\n")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"127.0.0.2 slots=1 python={marked}\n127.0.0.3 slots=1\n")
+    job = run_launch("--hostfile", str(hostfile), *sshd.launch_options(), str(script), timeout=120)
+    assert job.code == 0, job.output
+    assert "python of 0 own" in job.stdout and "python of 1 None" in job.stdout, job.output
+    bare = bare_python(tmp_path)
+    hostfile.write_text(f"127.0.0.2 slots=1\n127.0.0.3 slots=1 python={bare}\n")
+    doctor = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hostfile", str(hostfile),
+                             *sshd.launch_options()], capture_output=True, text=True, timeout=120)
+    rows = {line.split()[0]: line for line in doctor.stdout.splitlines() if line.startswith("127.")}
+    assert doctor.returncode == 1 and rows["127.0.0.2"].split()[1] == "ok", doctor.stdout + doctor.stderr
+    assert f"{bare} there has no macfleet and no torch" in rows["127.0.0.3"], doctor.stdout
+    job = run_launch("--hostfile", str(hostfile), *sshd.launch_options(), str(script), timeout=60)
+    root = job.stderr[job.stderr.index("root cause"):]
+    assert job.code == 1 and f"macfleet is not installed for {bare} on 127.0.0.3" in root, root
+    assert "python=PATH on its hostfile line" in root, root
+
+
 def test_doctor_names_the_interface_each_host_trains_over(netns_hosts) -> None:
     hosts, server = netns_hosts
     out = subprocess.run([os.sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hosts",

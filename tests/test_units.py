@@ -489,6 +489,10 @@ def test_hostfile_names_the_bad_line(tmp_path) -> None:
     with pytest.raises(ValueError, match=r":2: 2 ranks asked of air, over its max_slots=1"):
         parse_hostfile(str(path), default_slots=2)
     refused("mini1 slots=5 max_slots=4\n", r":1: 5 ranks asked of mini1, over its max_slots=4")
+    # a Python of its own (a conda environment on one Mac, a venv on another); the rest: --python's
+    path.write_text("mini1 slots=2 python=~/miniconda3/envs/ml/bin/python\nmini2\n")
+    assert [h.python for h in parse_hostfile(str(path))] == ["~/miniconda3/envs/ml/bin/python", None]
+    refused("mini1 python=\n", r":1: cannot read 'python=' \(expected slots=N, share=N, addr=IP\[,IP...\] or python=PATH\)")
 
 
 def test_mlx_hostfiles_are_read_as_they_are(tmp_path) -> None:
