@@ -1107,6 +1107,21 @@ def test_doctor_and_cabling_on_a_machine_without_ssh_say_so(tmp_path, command: l
     assert "cannot run ssh: No such file or directory" in job.stdout + job.stderr, job
 
 
+def test_doctor_checks_this_machine_named_by_its_address_without_ssh(tmp_path) -> None:
+    """A hostfile of the whole cluster names the launching Mac too: a job starts its ranks here,
+    and doctor, which rebuilt the host list and lost which host was this one, ssh'd to it (and
+    said "unreachable" where this Mac has no Remote Login on, or no ssh)."""
+    from macfleet.netaddr import held_addresses
+
+    own = [str(net.ip) for _, net in held_addresses() if net.version == 4 and not net.ip.is_loopback]
+    if not own:
+        pytest.skip("this machine has no address but loopback")
+    job = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--hosts", own[0], "--megabytes", "1"],
+                         capture_output=True, text=True, env={**os.environ, "PATH": str(tmp_path)}, timeout=120)
+    rows = [line.split() for line in job.stdout.splitlines() if line.startswith(own[0])]
+    assert job.returncode == 0 and rows and rows[0][1] == "ok", job.stdout + job.stderr
+
+
 @pytest.mark.parametrize("shm, asks", [("1", "pdb"), ("0", "readline"), ("1", "input"), ("0", "getpass")])
 def test_ranks_waiting_for_one_in_pdb_or_at_a_prompt_are_not_a_stall(shm: str, asks: str) -> None:
     """Rank 0 sits at pdb's prompt while rank 1 waits for it in a barrier (through shared memory,
