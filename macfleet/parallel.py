@@ -230,7 +230,12 @@ class DataParallel(nn.Module):
             if [(n, id(p)) for n, p in params] != [(n, id(p)) for n, p in self._known_params]:
                 return True
             self._known_buffers = list(self.module.buffers())  # a buffer may have been replaced
-        return [p.requires_grad for _, p in self._known_params] != self._trainable
+        trainable = [p.requires_grad for _, p in self._known_params]
+        # Frozen whole (a GAN's discriminator while the generator trains through it): no gradient
+        # comes for the buckets to average, so they stand as they are for when it trains again.
+        # Laid out anew, as for a fine-tuning job's change, each such step broadcast the
+        # parameters and made new buckets twice, at the freeze and at the thaw.
+        return trainable != self._trainable and any(trainable)
 
     def _retire(self, successor: DataParallel) -> None:
         """A newer DataParallel wraps these parameters (a script wrapped the model again after

@@ -177,6 +177,18 @@ def test_a_lazy_module_is_named_when_wrapped() -> None:
     assert "ConfigError" in report and "'0.weight'" in report and "forward pass" in report, report
 
 
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_a_gan_s_discriminator_frozen_while_the_generator_trains_keeps_its_buckets(shm: str) -> None:
+    """Frozen whole for the generator's step and thawed for its own, the discriminator was laid
+    out anew twice a step (its parameters broadcast, new buckets made). Against the oracle: one
+    process training copies of both on the whole batch."""
+    job = run_launch("--nproc", "2", str(BIN / "freeze_thaw.py"), "5", env={"MACFLEET_SHM": shm}, timeout=90)
+    assert job.code == 0, job.output
+    said = [json.loads(line.split("] ", 1)[1]) for line in job.stdout.splitlines() if '"max_diff"' in line]
+    assert sorted(r["rank"] for r in said) == [0, 1], job.output
+    assert all(r["max_diff"] < 1e-5 and r["kept_buckets"] for r in said), said
+
+
 def test_a_rank_with_fewer_batches_is_named_with_the_reason() -> None:
     """Rank 1 runs out of batches a step early (data split unevenly by hand): rank 0 waits for
     its gradients, and the report must say what that means in a training loop."""
