@@ -108,8 +108,8 @@ def job_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """What a job's agents and ranks run with on every host."""
     options = [
         click.option("--python", "python", callback=not_empty, default=sys.executable, show_default=True,
-                     help="Python interpreter on the hosts (with macfleet and torch installed); a "
-                          "hostfile line's python=PATH names that host's own."),
+                     help="Python interpreter on the hosts (with macfleet and torch installed; a relative "
+                          "path is taken from --cwd); a hostfile line's python=PATH names that host's own."),
         click.option("--cwd", callback=not_empty, default=None,
                      help="Working directory on every host [default: the current one]."),
         click.option("--data-addr", callback=not_empty, default=None, metavar="IP[,IP...]",
@@ -182,9 +182,12 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
     if local is not None:  # remote hosts' agents report their own
         if not os.path.isdir(os.path.expanduser(cwd)):
             raise click.BadParameter(f"no such directory: {cwd}", param_hint="--cwd")
-        if shutil.which(os.path.expanduser(local.python or python)) is None:
+        program = local.python or python
+        if shutil.which(_program_at(program, cwd)) is None:
             named = f" (the python= of {local.name})" if local.python else ""
-            raise click.BadParameter(f"no such program: {local.python or python}{named}",
+            if _program_at(program, cwd) != os.path.expanduser(program):
+                named += f" in {cwd}, where the ranks run (a relative path is taken from --cwd)"
+            raise click.BadParameter(f"no such program: {program}{named}",
                                      param_hint="--hostfile" if local.python else "--python")
     return LaunchConfig(hosts=host_list, script=script, args=list(script_args), python=python,
                         cwd=cwd, env=env, ssh=ssh, data_addrs=data_addrs,
@@ -347,6 +350,14 @@ def _find_script(script: str, cwd: str | None) -> str:
 
 
 SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "fish", "csh", "tcsh"}  # macOS's and Linux's
+
+
+def _program_at(program: str, cwd: str) -> str:
+    """``program`` as this Mac's agent finds it: a relative path (``.venv/bin/python``) from
+    ``--cwd``, where the agent starts, as ``cd CWD && exec PROGRAM`` finds it on the others; a
+    bare name on the PATH. It was looked for from the launcher's directory."""
+    path = os.path.expanduser(program)
+    return path if os.path.isabs(path) or os.sep not in path else os.path.join(os.path.expanduser(cwd), path)
 
 
 def _main_of_a_folder(script: str, cwd: str | None) -> str:

@@ -8,6 +8,7 @@ with problems marked and a suggestion for each.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,7 +42,8 @@ def check_host(host: Host, cfg: LaunchConfig) -> str | None:
         command = ssh_command(host, cfg.ssh, cfg.cwd, command)
     try:
         out = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                             timeout=cfg.ssh.connect_timeout_s + 60)
+                             timeout=cfg.ssh.connect_timeout_s + 60,  # from --cwd, as the job runs it
+                             cwd=None if not host.is_local else os.path.expanduser(cfg.cwd))
     except subprocess.TimeoutExpired:
         return "unreachable: ssh did not answer"
     except OSError as exc:  # no ssh on this machine, say

@@ -604,6 +604,30 @@ def test_a_folder_as_script_runs_its_main_as_python_runs_it(tmp_path) -> None:
     assert job.code == 2 and "empty is a folder without a __main__.py" in job.stderr, job.output
 
 
+def test_a_relative_python_is_found_from_cwd_as_the_ranks_run_it(tmp_path) -> None:
+    """``--cwd proj --python .venv/bin/python``: the agents run it from --cwd (``cd CWD && exec``
+    on the other Macs), but the check before the job looked for it from the launcher's folder,
+    and refused a job that would run, or passed one whose agent then could not start."""
+    (tmp_path / "proj" / "bin").mkdir(parents=True)
+    wrapper = tmp_path / "proj" / "bin" / "py"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    (tmp_path / "hello.py").write_text("import macfleet\nmacfleet.init()\nprint('hello', macfleet.rank())\n")
+    script = str(tmp_path / "hello.py")
+    job = run_launch("--nproc", "2", "--cwd", "proj", "--python", "bin/py", script, cwd=str(tmp_path), timeout=60)
+    assert job.code == 0 and job.stdout.count("] hello ") == 2, job.output
+    job = run_launch("--nproc", "2", "--cwd", str(tmp_path), "--python", "proj/bin/py", script,
+                     cwd=str(tmp_path / "proj"), timeout=60)
+    assert job.code == 0 and job.stdout.count("] hello ") == 2, job.output
+    job = run_launch("--nproc", "2", "--cwd", str(tmp_path), "--python", "bin/py", script, cwd=str(tmp_path / "proj"),
+                     timeout=60)
+    assert job.code == 2 and f"no such program: bin/py in {tmp_path}, where the ranks run" in job.stderr, job.output
+    doctor = subprocess.run([sys.executable, "-m", "macfleet.launcher.cli", "doctor", "--cwd", "proj", "--python",
+                             "bin/py", "--megabytes", "1"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    rows = [line.split() for line in doctor.stdout.splitlines() if line.startswith("localhost")]
+    assert doctor.returncode == 0 and rows and rows[0][1] == "ok", doctor.stdout + doctor.stderr
+
+
 def test_python_m_macfleet_is_the_macfleet_command(tmp_path) -> None:
     """Where ``pip install --user`` put the ``macfleet`` command off the PATH (macOS's
     ~/Library/Python/3.x/bin), ``python -m macfleet`` runs it, as ``python -m
