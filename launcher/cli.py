@@ -178,20 +178,22 @@ def make_config(script: str, script_args: list[str], nproc: int | None, hosts: s
     if wrong:
         raise click.UsageError("; ".join(wrong))
     cwd = cwd if in_home(cwd) else os.path.abspath(cwd or os.getcwd())  # ~/...: each host's own home
+    cfg = LaunchConfig(hosts=host_list, script=script, args=list(script_args), python=python,
+                       cwd=cwd, env=env, ssh=ssh, data_addrs=data_addrs,
+                       data_iface=data_iface, **rest)
     local = next((h for h in host_list if h.is_local), None)
     if local is not None:  # remote hosts' agents report their own
         if not os.path.isdir(os.path.expanduser(cwd)):
             raise click.BadParameter(f"no such directory: {cwd}", param_hint="--cwd")
-        program = local.python or python
-        if shutil.which(_program_at(program, cwd)) is None:
+        program = cfg.python_on(local)
+        found = _program_at(program, cwd)
+        if shutil.which(found) is None:
             named = f" (the python= of {local.name})" if local.python else ""
-            if _program_at(program, cwd) != os.path.expanduser(program):
+            if found != os.path.expanduser(program):
                 named += f" in {cwd}, where the ranks run (a relative path is taken from --cwd)"
             raise click.BadParameter(f"no such program: {program}{named}",
                                      param_hint="--hostfile" if local.python else "--python")
-    return LaunchConfig(hosts=host_list, script=script, args=list(script_args), python=python,
-                        cwd=cwd, env=env, ssh=ssh, data_addrs=data_addrs,
-                        data_iface=data_iface, **rest)
+    return cfg
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
