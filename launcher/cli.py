@@ -89,8 +89,8 @@ def reach_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--hosts", default=None, metavar="[USER@]HOST[:SLOTS],...",
                      help="Hosts in rank order, e.g. mac1:2,mac2:2. Default: this Mac only."),
         click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
-                     help="Hosts from a file: 'host slots=N [addr=IP[,IP...]] [share=N]' per line, # comments; "
-                          "or MLX's JSON hostfile."),
+                     help="Hosts from a file: 'host slots=N [addr=IP[,IP...]] [share=N] [max_slots=N] "
+                          "[python=PATH]' per line, # comments, quotes as in a shell; or MLX's JSON hostfile."),
         click.option("--ssh-port", type=click.IntRange(1, 65535), default=None, help="ssh port of the remote hosts."),
         click.option("--ssh-identity", type=click.Path(dir_okay=False), callback=key_file, default=None,
                      help="ssh private key."),

@@ -1,6 +1,7 @@
 """Host lists: ``--hosts a:2,b:2,user@c`` and hostfiles in the Horovod/DeepSpeed/OpenMPI format.
 
-Hostfile example (``#`` starts a comment, blank lines are ignored)::
+Hostfile example (``#`` starts a comment, blank lines are ignored, a value with spaces is
+quoted as for a shell)::
 
     # ssh name      slots     data-plane address (optional; e.g. a Thunderbolt bridge IP)
     mini1.local     slots=2   addr=169.254.10.2
@@ -20,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import shlex
 from dataclasses import dataclass, replace
 
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -117,10 +119,13 @@ def parse_hostfile(path: str, default_slots: int = 1) -> list[Host]:
 
 
 def _hostfile_line(raw: str, where: str, default_slots: int) -> Host | None:
-    line = raw.split("#", 1)[0].strip()
-    if not line:
+    try:  # words as a shell reads them: python="/Volumes/Data 2/envs/ml/bin/python" is one
+        words = shlex.split(raw, comments=True)
+    except ValueError as e:  # "No closing quotation"
+        raise ValueError(f"{where}: {str(e).lower()} in {raw.strip()!r}") from None
+    if not words:
         return None
-    name, *options = line.split()
+    name, *options = words
     slots, addrs, cap, share, python = default_slots, (), None, 1, None
     for option in options:
         key, sep, value = option.partition("=")

@@ -622,14 +622,16 @@ def test_a_remote_python_without_macfleet_is_named(sshd, tmp_path) -> None:
 def test_a_host_s_own_python_from_the_hostfile_runs_its_agent_and_ranks(sshd, tmp_path) -> None:
     """Macs set up apart (a conda environment on one, a venv on another) had one --python for
     all. A hostfile line's python=PATH is that host's; the others keep --python's. A wrong one is
-    named with its host, by doctor before any job and by a job's report."""
-    marked = tmp_path / "marked-python"  # the same environment, known by what it sets
+    named with its host, by doctor before any job and by a job's report. A path with spaces is
+    quoted on the line, as for a shell."""
+    (tmp_path / "Data 2").mkdir()  # an external volume's name
+    marked = tmp_path / "Data 2" / "marked-python"  # the same environment, known by what it sets
     marked.write_text(f'#!/bin/sh\nMARK=own exec {os.sys.executable} "$@"\n')
     marked.chmod(0o755)
     script = tmp_path / "which.py"
     script.write_text("import os, macfleet\nmacfleet.init()\nprint('python of', macfleet.rank(), os.environ.get('MARK'))\n")
     hostfile = tmp_path / "hosts"
-    hostfile.write_text(f"127.0.0.2 slots=1 python={marked}\n127.0.0.3 slots=1\n")
+    hostfile.write_text(f'127.0.0.2 slots=1 python="{marked}"\n127.0.0.3 slots=1\n')
     job = run_launch("--hostfile", str(hostfile), *sshd.launch_options(), str(script), timeout=120)
     assert job.code == 0, job.output
     assert "python of 0 own" in job.stdout and "python of 1 None" in job.stdout, job.output

@@ -492,6 +492,13 @@ def test_hostfile_names_the_bad_line(tmp_path) -> None:
     # a Python of its own (a conda environment on one Mac, a venv on another); the rest: --python's
     path.write_text("mini1 slots=2 python=~/miniconda3/envs/ml/bin/python\nmini2\n")
     assert [h.python for h in parse_hostfile(str(path))] == ["~/miniconda3/envs/ml/bin/python", None]
+    # a path with spaces (an external volume), quoted as for a shell; # still starts a comment
+    path.write_text('mini1 python="/Volumes/Data 2/envs/ml/bin/python"  # the external disk\n'
+                    "mini2 python='/opt/a#b/python'\n")
+    assert [h.python for h in parse_hostfile(str(path))] == ["/Volumes/Data 2/envs/ml/bin/python",
+                                                             "/opt/a#b/python"]
+    refused("mini1 slots=2\nmini2 python=\"/Volumes/Data 2/bin/python\n",
+            r":2: no closing quotation in 'mini2 python=\"/Volumes/Data 2/bin/python'")
     refused("mini1 python=\n", r":1: cannot read 'python=' \(expected slots=N, share=N, addr=IP\[,IP...\] or python=PATH\)")
 
 
